@@ -1,0 +1,1 @@
+"""Kiln cost models: features of scheduled loop IR and learned latency predictors."""

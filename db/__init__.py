@@ -1,0 +1,1 @@
+"""Kiln tuning database (SQLAlchemy): records, workloads, targets, runs."""

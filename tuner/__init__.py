@@ -1,0 +1,1 @@
+"""Kiln tuner: tasks, search, measurement, scheduling and the `kiln` CLI."""
