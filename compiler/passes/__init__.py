@@ -1,0 +1,11 @@
+"""Graph passes: each is a function Graph -> Graph."""
+
+from __future__ import annotations
+
+from compiler.passes.cse import cse
+from compiler.passes.dce import dce
+from compiler.passes.decompose import decompose
+from compiler.passes.fold_constants import fold_constants
+from compiler.passes.pipeline import PassPipeline, default_pipeline, optimize
+
+__all__ = ["PassPipeline", "cse", "dce", "decompose", "default_pipeline", "fold_constants", "optimize"]

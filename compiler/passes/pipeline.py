@@ -1,0 +1,41 @@
+"""A pass pipeline that validates the graph after every pass and names the pass that broke it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from compiler.errors import GraphError
+from compiler.graph import Graph
+
+Pass = Callable[[Graph], Graph]
+
+
+@dataclass
+class PassPipeline:
+    passes: Sequence[Pass]
+    history: list[tuple[str, int]] = field(default_factory=list)  # (pass name, node count after)
+
+    def run(self, graph: Graph) -> Graph:
+        graph.validate()
+        for p in self.passes:
+            name = getattr(p, "__name__", repr(p))
+            out = p(graph)
+            try:
+                out.validate()
+            except GraphError as exc:
+                raise GraphError(f"pass {name} produced an invalid graph: {exc}") from exc
+            self.history.append((name, len(out.nodes)))
+            graph = out
+        return graph
+
+
+def default_pipeline() -> PassPipeline:
+    from compiler.passes import cse, dce, decompose, fold_constants
+
+    return PassPipeline([decompose, fold_constants, cse, dce])
+
+
+def optimize(graph: Graph) -> Graph:
+    """The standard graph-level pipeline: decompose, fold constants, CSE, DCE."""
+    return default_pipeline().run(graph)
