@@ -1,0 +1,40 @@
+"""`kiln models` and `kiln show` run as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def kiln(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True)
+
+
+def test_models_lists_every_model():
+    out = kiln("models", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    names = {r["name"] for r in rows}
+    assert {"softmax", "encoder_layer", "resblock"} <= names and len(names) == 11
+    assert all(r["ops"] >= 1 for r in rows)
+
+
+def test_show_decomposed_softmax():
+    out = kiln("show", "--model", "softmax", "--stage", "decomposed")
+    assert out.returncode == 0, out.stderr
+    assert "reduce_max(%0) {axes=[1], keepdims=true} : f32[64,1]" in out.stdout
+    assert "= divide(%4, %6) : f32[64,128]" in out.stdout
+
+
+def test_show_unknown_model_is_a_clean_error():
+    out = kiln("show", "--model", "nope")
+    assert out.returncode == 2
+    assert "unknown model 'nope'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_every_command_has_help():
+    top = kiln("--help")
+    assert top.returncode == 0
+    for cmd in ("models", "show"):
+        assert kiln(cmd, "--help").returncode == 0
