@@ -1,0 +1,168 @@
+"""SQLAlchemy ORM tables of the tuning database (the schema at the head migration).
+
+Every table is prefixed ``kiln_`` so that Optuna's RDB storage (its own tables and its own
+``alembic_version``) can live in the same database. JSON columns hold canonical JSON text
+(``json.dumps(sort_keys=True, separators=(",", ":"))``) so that equality is exact on every backend;
+they are read back with ``json.loads`` only. Timestamps are naive UTC.
+
+The schema is created and changed only through the alembic migrations in ``db/migrations``; a test checks
+that the migrations at head produce exactly these tables.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from db.status import Status
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATUS_VALUES = tuple(s.value for s in Status)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of Kiln's tables (its metadata holds only ``kiln_*`` tables)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class WorkloadRow(Base):
+    """A unique kernel workload: the hash of a canonical fused group, and that canonical JSON."""
+
+    __tablename__ = "kiln_workloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), unique=True)
+    canonical: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(64))
+    flops: Mapped[float] = mapped_column(Double)
+    bytes: Mapped[float] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class TargetRow(Base):
+    """A measurement target (``cuda/sm_90/<device>``, ``cpu/x86_64/<cpu>/<cores>``) and its description."""
+
+    __tablename__ = "kiln_targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), unique=True)
+    info: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class RunRow(Base):
+    """One ``kiln tune`` invocation: which model, on which target, with which budget and command line."""
+
+    __tablename__ = "kiln_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_name: Mapped[str] = mapped_column(String(255))
+    model_hash: Mapped[str] = mapped_column(String(128))
+    target_id: Mapped[int] = mapped_column(ForeignKey("kiln_targets.id"))
+    budget: Mapped[str] = mapped_column(Text)
+    command_line: Mapped[str] = mapped_column(Text)
+    host: Mapped[str] = mapped_column(String(255))
+    kiln_version: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class RecordRow(Base):
+    """One measured candidate: a config of a sketch for a workload on a target, and what happened."""
+
+    __tablename__ = "kiln_records"
+    __table_args__ = (
+        # "best ok record of (workload, target)": equality on the first three, index order on the rest.
+        Index("ix_kiln_records_best", "workload_id", "target_id", "status", "median_us", "created_at", "id"),
+        CheckConstraint(f"status IN ({', '.join(repr(v) for v in STATUS_VALUES)})", name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("kiln_workloads.id"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("kiln_targets.id"))
+    sketch: Mapped[str] = mapped_column(String(64))
+    sketch_version: Mapped[int] = mapped_column(Integer)
+    config: Mapped[str] = mapped_column(Text)
+    latencies: Mapped[str | None] = mapped_column(Text, nullable=True)
+    median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    status: Mapped[str] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    kiln_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("kiln_runs.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    # sha256 of the record's identity (see db.canonical.record_fingerprint); used to skip duplicates.
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+
+
+class ModelTaskRow(Base):
+    """A task of a model: one of its workloads and how many times it occurs (its weight)."""
+
+    __tablename__ = "kiln_model_tasks"
+    __table_args__ = (
+        UniqueConstraint("model_name", "model_hash", "workload_id"),
+        Index("ix_kiln_model_tasks_model", "model_name", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_name: Mapped[str] = mapped_column(String(255))
+    model_hash: Mapped[str] = mapped_column(String(128))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("kiln_workloads.id"))
+    weight: Mapped[float] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class FusionPlanRow(Base):
+    """A measured fusion plan for a region of a graph on a target (used by a later issue)."""
+
+    __tablename__ = "kiln_fusion_plans"
+    __table_args__ = (
+        Index("ix_kiln_fusion_plans_best", "region_key", "target_id", "latency_us", "created_at", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    region_key: Mapped[str] = mapped_column(String(128))
+    target_id: Mapped[int] = mapped_column(ForeignKey("kiln_targets.id"))
+    plan: Mapped[str] = mapped_column(Text)
+    latency_us: Mapped[float] = mapped_column(Double)
+    kiln_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class FeatureRow(Base):
+    """Cached cost-model features of a record: a float32 vector as raw little-endian bytes (never pickle)."""
+
+    __tablename__ = "kiln_features"
+    __table_args__ = (UniqueConstraint("record_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    record_id: Mapped[int] = mapped_column(ForeignKey("kiln_records.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    length: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
