@@ -141,6 +141,11 @@ def attrs_to_json(attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: conv(attrs[k]) for k in sorted(attrs)}
 
 
+def _attrs_from_json(attrs: dict[str, Any]) -> dict[str, Any]:
+    special = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+    return {k: special.get(v, v) if isinstance(v, str) and k == "value" else v for k, v in attrs.items()}
+
+
 class Graph:
     """A typed dataflow graph: inputs, params, nodes in topological order, outputs."""
 
@@ -287,6 +292,29 @@ class Graph:
             "nodes": nodes,
             "outputs": [number[v] for v in self.outputs],
         }
+
+    @staticmethod
+    def from_canonical(data: dict[str, Any] | str, name: str = "graph") -> Graph:
+        """Rebuild a graph from :meth:`canonical` output. Params come back as zero-filled tensors of
+        their type (the canonical form carries structure, not weights), so this serves for workloads."""
+        from compiler.builder import GraphBuilder
+
+        if isinstance(data, str):
+            data = json.loads(data)
+        try:
+            b = GraphBuilder(name)
+            values: list[Value] = [b.input(f"in{i}", t[1], t[0]) for i, t in enumerate(data["inputs"])]
+            for i, t in enumerate(data["params"]):
+                tt = TensorType.from_json(t)
+                values.append(b.param(f"param{i}", np.zeros(tt.shape, dtypes.to_numpy(tt.dtype))))
+            for n in data["nodes"]:
+                out = b.add_node(n["op"], [values[i] for i in n["in"]], _attrs_from_json(n["attrs"]))
+                if out.type.to_json() != list(n["out"][0]):
+                    raise GraphError(f"canonical node {n['op']} infers {out.type}, recorded {n['out'][0]}")
+                values.append(out)
+            return b.build([values[i] for i in data["outputs"]])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise GraphError(f"malformed canonical graph JSON: {exc!r}") from None
 
     def canonical_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))

@@ -96,3 +96,10 @@ def test_import_compiler_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_from_canonical_round_trips_structure():
+    for name in ("encoder_layer", "convnet"):
+        g = optimize(get_model(name))
+        back = Graph.from_canonical(g.canonical_json())
+        assert back.structural_hash() == g.structural_hash()
