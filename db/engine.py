@@ -62,11 +62,14 @@ def parse_url(url: str) -> URL:
 
 
 def display_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (for messages and logs)."""
+    """The URL with its password replaced by ``***`` (for messages and logs); SQLite URLs as given."""
     try:
-        return parse_url(url).render_as_string(hide_password=True)
+        parsed = parse_url(url)
     except InvalidURLError:
         return url
+    if parsed.get_backend_name() == "sqlite":
+        return url
+    return parsed.render_as_string(hide_password=True)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -186,7 +189,10 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
                 f"{shown} is not a valid SQLite database (the file is corrupt or of another kind): {text}"
             ) from None
         if "readonly" in low or "read-only" in low or "read only" in low:
-            raise ReadOnlyDatabaseError(f"cannot {action}: {shown} is read-only ({text})") from None
+            hint = ""
+            if sqlite_path(url) is not None:
+                hint = "; SQLite needs write permission on the file, and on its directory for WAL mode"
+            raise ReadOnlyDatabaseError(f"cannot {action}: {shown} is read-only ({text}){hint}") from None
         if "unable to open database file" in low:
             raise DatabaseConnectionError(f"cannot open {shown}: {text}") from None
         if "database is locked" in low:

@@ -8,6 +8,7 @@ The migration scripts live inside the package (``db/migrations``) and are driven
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,8 +58,9 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return cfg
 
 
+@functools.cache
 def script_directory() -> ScriptDirectory:
-    """The alembic script directory of Kiln's migrations."""
+    """The alembic script directory of Kiln's migrations (loaded once per process)."""
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config())
@@ -71,9 +73,10 @@ def head_revision() -> str:
     return head
 
 
-def known_revisions() -> list[str]:
+@functools.cache
+def known_revisions() -> tuple[str, ...]:
     """All revisions of the chain, oldest first."""
-    return [rev.revision for rev in reversed(list(script_directory().walk_revisions()))]
+    return tuple(rev.revision for rev in reversed(list(script_directory().walk_revisions())))
 
 
 def inspect_schema(conn: Connection) -> SchemaInfo:
