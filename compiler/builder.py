@@ -137,6 +137,15 @@ class GraphBuilder:
     def logical_not(self, x: Value, name: str | None = None) -> Value:
         return self.apply("logical_not", x, name=name)
 
+    def leaky_relu(self, x: Value, alpha: float = 0.01, name: str | None = None) -> Value:
+        return self.apply("leaky_relu", x, alpha=alpha, name=name)
+
+    def hard_sigmoid(self, x: Value, alpha: float = 0.2, beta: float = 0.5, name: str | None = None) -> Value:
+        return self.apply("hard_sigmoid", x, alpha=alpha, beta=beta, name=name)
+
+    def hard_swish(self, x: Value, name: str | None = None) -> Value:
+        return self.apply("hard_swish", x, name=name)
+
     def gelu(self, x: Value, approximate: str = "none", name: str | None = None) -> Value:
         return self.apply("gelu", x, approximate=approximate, name=name)
 

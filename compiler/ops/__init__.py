@@ -6,7 +6,7 @@ builder calls when it adds a node.
 
 from __future__ import annotations
 
-from compiler.ops import composite, contraction, elementwise, layout, pool, reduce  # noqa: F401
+from compiler.ops import activations, composite, contraction, elementwise, layout, pool, reduce  # noqa: F401
 from compiler.ops.registry import (
     Attr,
     OpDef,

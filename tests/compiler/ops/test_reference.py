@@ -317,8 +317,25 @@ def test_composites_against_scalar_formulas():
     )
 
 
+ACTIVATION_CASES = {
+    "leaky_relu": (lambda x: x if x >= 0 else 0.1 * x, {"alpha": 0.1}),
+    "hard_sigmoid": (lambda x: max(0.0, min(1.0, 0.25 * x + 0.4)), {"alpha": 0.25, "beta": 0.4}),
+    "hard_swish": (lambda x: x * max(0.0, min(1.0, x / 6 + 0.5)), {}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(ACTIVATION_CASES))
+def test_activations(op):
+    fn, attrs = ACTIVATION_CASES[op]
+    x = f32(4, 13, lo=-8, hi=8)
+    got = run_op(op, [x], **attrs)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, scalar_map(fn, x).astype(np.float64), rtol=2e-6, atol=1e-7)
+
+
 COVERED = (
     set(UNARY_CASES)
+    | set(ACTIVATION_CASES)
     | set(BINARY_CASES)
     | set(COMPARE_CASES)
     | {
