@@ -19,11 +19,12 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def canonical_json(value: Any) -> str:
-    """Return the canonical JSON text of ``value``: sorted keys, no spaces, no NaN/Infinity.
+    """Return the canonical JSON text of ``value``: sorted keys, no spaces, ASCII only (other characters
+    escaped), no NaN/Infinity. The same value gives the same text on every backend.
 
     Raises ``ValueError`` (or ``TypeError``) for values that are not plain JSON.
     """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def canonicalize_json_text(text: str) -> str:
@@ -53,6 +54,16 @@ def parse_time(text: str) -> datetime:
     if not isinstance(text, str):
         raise ValueError(f"expected an ISO 8601 time string, got {type(text).__name__}")
     return to_naive_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
+def clean_text(text: str, limit: int = 65536) -> str:
+    """Free text (error messages) made storable everywhere: no NUL, no lone surrogates, at most ``limit``
+    characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    marker = "\n[... truncated by kiln]"
+    if len(text) > limit:  # the result is at most `limit` long, so cleaning twice changes nothing
+        text = text[: limit - len(marker)] + marker
+    return text
 
 
 def check_latencies(latencies: Sequence[float] | None) -> list[float] | None:

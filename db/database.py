@@ -30,6 +30,7 @@ from db import migrate
 from db.canonical import (
     canonical_json,
     check_latencies,
+    clean_text,
     config_problem,
     median,
     record_fingerprint,
@@ -261,8 +262,8 @@ class TuningDatabase:
                 from sqlalchemy.dialects.sqlite import insert
             else:
                 from sqlalchemy.dialects.postgresql import insert
-            result = conn.execute(insert(row_type).values(**values).on_conflict_do_nothing())
-            return bool(result.rowcount)
+            stmt = insert(row_type).values(**values).on_conflict_do_nothing().returning(row_type.id)
+            return conn.execute(stmt).first() is not None
         from sqlalchemy import insert as generic_insert
         from sqlalchemy.exc import IntegrityError
 
@@ -334,11 +335,7 @@ class TuningDatabase:
             raise InvalidRecordError(f"{where}: sketch_version must be an int, got {rec.sketch_version!r}")
         if status is Status.OK and not latencies:
             raise InvalidRecordError(f"{where}: an ok record needs at least one latency")
-        error = rec.error
-        if error is not None:
-            error = str(error)
-            if len(error) > MAX_ERROR_CHARS:
-                error = error[:MAX_ERROR_CHARS] + "\n[... truncated by kiln]"
+        error = clean_text(str(rec.error), MAX_ERROR_CHARS) if rec.error is not None else None
         config_json = canonical_json(rec.config)
         latencies_json = canonical_json(latencies) if latencies is not None else None
         created_at = utc_now()

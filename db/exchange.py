@@ -48,6 +48,7 @@ from typing import IO, TYPE_CHECKING, Any
 from db.canonical import (
     canonical_json,
     check_latencies,
+    clean_text,
     config_problem,
     format_time,
     median,
@@ -340,6 +341,10 @@ class _Line:
             raise self.fail(f"field {name!r} is not plain JSON ({exc})") from None
 
 
+def _clean(text: str | None) -> str | None:
+    return clean_text(text) if text is not None else None
+
+
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     names = {int: "a number", float: "a number", str: "a string", dict: "an object", list: "a list"}
@@ -550,7 +555,7 @@ class _Importer:
             latencies=latencies_json,
             median_us=med,
             status=status,
-            error=line.get("error", str, optional=True),
+            error=_clean(line.get("error", str, optional=True)),
             kiln_version=line.get("kiln_version", str),
             host=line.get("host", str),
             run_id=run_id,

@@ -153,7 +153,11 @@ class TemporaryPostgres:
         with psycopg.connect(
             host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
         ) as conn:
-            sql = f'CREATE DATABASE "{dbname}"' + (f' TEMPLATE "{template}"' if template else "")
+            sql = f'CREATE DATABASE "{dbname}"'
+            if template:
+                sql += f' TEMPLATE "{template}"'
+                if conn.info.server_version >= 150000:  # copying files is much faster for small databases
+                    sql += " STRATEGY FILE_COPY"
             conn.execute(sql)  # type: ignore[arg-type]
         return self.url(dbname)
 

@@ -46,7 +46,7 @@ def _fingerprint(workload, target, sketch, version, config, latencies, status, c
         status,
         created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     ]
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
