@@ -1,0 +1,384 @@
+"""Expressions shared by tensor expressions (``compiler.te``) and the loop IR.
+
+Expressions are immutable and compared by identity; :func:`structural_equal` compares structure.
+Python operators build expressions (``i * 16 + j``); comparisons use methods (``a.lt(b)``) so that
+``==`` keeps its identity meaning. Index arithmetic uses floor division/modulo (``//``, ``%``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from compiler import dtypes
+
+if TYPE_CHECKING:
+    from compiler.loopir.stmt import Buffer
+
+INDEX = "int32"  # dtype of loop variables and index arithmetic
+
+_ids = itertools.count()
+
+
+class Expr:
+    """Base class of expressions. Every expression has a ``dtype``."""
+
+    __slots__ = ()
+    dtype: str
+
+    # arithmetic ------------------------------------------------------------
+    def __add__(self, o: Any) -> Expr:
+        return binary("+", self, o)
+
+    def __radd__(self, o: Any) -> Expr:
+        return binary("+", o, self)
+
+    def __sub__(self, o: Any) -> Expr:
+        return binary("-", self, o)
+
+    def __rsub__(self, o: Any) -> Expr:
+        return binary("-", o, self)
+
+    def __mul__(self, o: Any) -> Expr:
+        return binary("*", self, o)
+
+    def __rmul__(self, o: Any) -> Expr:
+        return binary("*", o, self)
+
+    def __truediv__(self, o: Any) -> Expr:
+        return binary("/", self, o)
+
+    def __rtruediv__(self, o: Any) -> Expr:
+        return binary("/", o, self)
+
+    def __floordiv__(self, o: Any) -> Expr:
+        return binary("//", self, o)
+
+    def __mod__(self, o: Any) -> Expr:
+        return binary("%", self, o)
+
+    def __neg__(self) -> Expr:
+        return call("neg", self)
+
+    # comparisons (methods, so == stays identity) ---------------------------
+    def eq(self, o: Any) -> Expr:
+        return compare("==", self, o)
+
+    def ne(self, o: Any) -> Expr:
+        return compare("!=", self, o)
+
+    def lt(self, o: Any) -> Expr:
+        return compare("<", self, o)
+
+    def le(self, o: Any) -> Expr:
+        return compare("<=", self, o)
+
+    def gt(self, o: Any) -> Expr:
+        return compare(">", self, o)
+
+    def ge(self, o: Any) -> Expr:
+        return compare(">=", self, o)
+
+    def __repr__(self) -> str:
+        from compiler.loopir.printer import expr_str
+
+        return expr_str(self)
+
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Var(Expr):
+    """A scalar variable: a loop variable, a block iteration variable or a TE axis."""
+
+    name: str
+    dtype: str = INDEX
+    uid: int = field(default_factory=lambda: next(_ids))
+
+    def copy_with_suffix(self, suffix: str) -> Var:
+        return Var(f"{self.name}{suffix}", self.dtype)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Const(Expr):
+    value: int | float | bool
+    dtype: str = INDEX
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Binary(Expr):
+    """Arithmetic: + - * / (float division; truncating for ints) // % (floor) min max pow."""
+
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Compare(Expr):
+    op: str  # == != < <= > >=
+    a: Expr
+    b: Expr
+    dtype: str = "bool"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Logical(Expr):
+    op: str  # and | or | not (b is None for not)
+    a: Expr
+    b: Expr | None = None
+    dtype: str = "bool"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Select(Expr):
+    cond: Expr
+    t: Expr
+    f: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Cast(Expr):
+    value: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Call(Expr):
+    """A math intrinsic with defined semantics (exp, log, sqrt, rsqrt, tanh, erf, sigmoid, abs, neg,
+    recip) or a target intrinsic (warp_reduce_sum/max/min with args (value, width))."""
+
+    name: str
+    args: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Load(Expr):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.buffer.dtype
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class IterVar:
+    """An iteration variable with extent [0, extent) and a kind: 'S' (spatial) or 'R' (reduce)."""
+
+    var: Var
+    extent: int
+    kind: str = "S"
+
+    def __repr__(self) -> str:
+        return f"{self.var.name}:{self.kind}{self.extent}"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Reduce(Expr):
+    """A reduction (only inside tensor-expression computes): combine ``source`` over ``axis``."""
+
+    combiner: str  # sum | max | min
+    source: Expr
+    axis: tuple[IterVar, ...]
+    dtype: str
+
+
+MATH_CALLS = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "neg", "recip"}
+COMBINERS = ("sum", "max", "min")
+
+
+# --------------------------------------------------------------------- helpers
+def const(value: int | float | bool, dtype: str | None = None) -> Const:
+    if dtype is None:
+        dtype = "bool" if isinstance(value, bool) else INDEX if isinstance(value, int) else "float32"
+    if dtype == "bool":
+        value = bool(value)
+    elif dtypes.is_int(dtype):
+        value = int(value)
+    else:
+        value = float(value)
+    return Const(value, dtype)
+
+
+def as_expr(v: Any, like: Expr | None = None) -> Expr:
+    if isinstance(v, Expr):
+        return v
+    if isinstance(v, bool):
+        return const(v, "bool")
+    if isinstance(v, int):
+        if like is not None and like.dtype != "bool":
+            return const(v, like.dtype)
+        return const(v, INDEX)
+    if isinstance(v, float):
+        return const(v, like.dtype if like is not None and dtypes.is_float(like.dtype) else "float32")
+    raise TypeError(f"cannot make an expression from {v!r}")
+
+
+def _pair(a: Any, b: Any) -> tuple[Expr, Expr]:
+    if isinstance(a, Expr):
+        return a, as_expr(b, a)
+    b = as_expr(b)
+    return as_expr(a, b), b
+
+
+def binary(op: str, a: Any, b: Any) -> Expr:
+    a, b = _pair(a, b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"operands of {op} have dtypes {a.dtype} and {b.dtype}")
+    return Binary(op, a, b, a.dtype)
+
+
+def compare(op: str, a: Any, b: Any) -> Expr:
+    a, b = _pair(a, b)
+    return Compare(op, a, b)
+
+
+def minimum(a: Any, b: Any) -> Expr:
+    return binary("min", a, b)
+
+
+def maximum(a: Any, b: Any) -> Expr:
+    return binary("max", a, b)
+
+
+def call(name: str, *args: Any, dtype: str | None = None) -> Expr:
+    exprs = tuple(as_expr(a) for a in args)
+    return Call(name, exprs, dtype or exprs[0].dtype)
+
+
+def select(cond: Expr, t: Any, f: Any) -> Expr:
+    t, f = _pair(t, f)
+    return Select(cond, t, f, t.dtype)
+
+
+def cast(value: Expr, dtype: str) -> Expr:
+    return value if value.dtype == dtype else Cast(value, dtype)
+
+
+def logical_and(*terms: Expr) -> Expr:
+    out: Expr | None = None
+    for t in terms:
+        out = t if out is None else Logical("and", out, t)
+    return out if out is not None else const(True)
+
+
+def reduce_identity(combiner: str, dtype: str) -> Const:
+    """The value a reduction starts from: 0 for sum, the lowest/highest value for max/min."""
+    import numpy as np
+
+    if combiner == "sum":
+        return const(0, dtype)
+    if dtypes.is_float(dtype):
+        return const(float("-inf") if combiner == "max" else float("inf"), dtype)
+    info = np.iinfo(dtypes.to_numpy(dtype))
+    return const(int(info.min) if combiner == "max" else int(info.max), dtype)
+
+
+def combine(combiner: str, acc: Expr, value: Expr) -> Expr:
+    return {
+        "sum": lambda: acc + value,
+        "max": lambda: maximum(acc, value),
+        "min": lambda: minimum(acc, value),
+    }[combiner]()
+
+
+# ------------------------------------------------------------------- visiting
+def children(e: Expr) -> Sequence[Expr]:
+    if isinstance(e, (Binary, Compare)):
+        return (e.a, e.b)
+    if isinstance(e, Logical):
+        return (e.a,) if e.b is None else (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.t, e.f)
+    if isinstance(e, Cast):
+        return (e.value,)
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, Load):
+        return e.indices
+    if isinstance(e, Reduce):
+        return (e.source,)
+    return ()
+
+
+def walk(e: Expr) -> Any:
+    """Yield every sub-expression of ``e`` (pre-order)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(reversed(children(x)))
+
+
+def rebuild(e: Expr, kids: Sequence[Expr]) -> Expr:
+    """``e`` with its children replaced by ``kids`` (the same object if nothing changed)."""
+    old = children(e)
+    if all(a is b for a, b in zip(old, kids)):
+        return e
+    if isinstance(e, Binary):
+        return Binary(e.op, kids[0], kids[1], e.dtype)
+    if isinstance(e, Compare):
+        return Compare(e.op, kids[0], kids[1])
+    if isinstance(e, Logical):
+        return Logical(e.op, kids[0], kids[1] if e.b is not None else None)
+    if isinstance(e, Select):
+        return Select(kids[0], kids[1], kids[2], e.dtype)
+    if isinstance(e, Cast):
+        return Cast(kids[0], e.dtype)
+    if isinstance(e, Call):
+        return Call(e.name, tuple(kids), e.dtype)
+    if isinstance(e, Load):
+        return Load(e.buffer, tuple(kids))
+    if isinstance(e, Reduce):
+        return Reduce(e.combiner, kids[0], e.axis, e.dtype)
+    return e
+
+
+def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Post-order rewrite: ``fn`` may return a replacement for a node (or None to keep it)."""
+    kids = [transform(c, fn) for c in children(e)]
+    e2 = rebuild(e, kids)
+    out = fn(e2)
+    return e2 if out is None else out
+
+
+def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
+    if not mapping:
+        return e
+    return transform(e, lambda x: mapping.get(x) if isinstance(x, Var) else None)
+
+
+def free_vars(e: Expr) -> set[Var]:
+    return {x for x in walk(e) if isinstance(x, Var)}
+
+
+def loads(e: Expr) -> list[Load]:
+    return [x for x in walk(e) if isinstance(x, Load)]
+
+
+def replace_buffer_loads(e: Expr, fn: Callable[[Load], Expr | None]) -> Expr:
+    return transform(e, lambda x: fn(x) if isinstance(x, Load) else None)
+
+
+def structural_equal(a: Expr, b: Expr, vars_map: dict[Var, Var] | None = None) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b) or a.dtype != b.dtype:
+        return False
+    if isinstance(a, Var):
+        return vars_map is not None and vars_map.get(a) is b
+    if isinstance(a, Const):
+        return a.value == b.value or (a.value != a.value and b.value != b.value)  # type: ignore[attr-defined]
+    for attr in ("op", "name", "combiner"):
+        if getattr(a, attr, None) != getattr(b, attr, None):
+            return False
+    if isinstance(a, Load) and a.buffer is not b.buffer:  # type: ignore[attr-defined]
+        return False
+    ka, kb = children(a), children(b)
+    return len(ka) == len(kb) and all(structural_equal(x, y, vars_map) for x, y in zip(ka, kb))

@@ -1,0 +1,188 @@
+"""Loop IR statements: loops, blocks with iteration bindings, stores, allocations, barriers.
+
+Statements are mutable: schedule primitives edit a function in place. A :class:`Block` is one
+computation stage (TVM TensorIR's block + block-realize in one node): iteration variables with
+extents and kinds (spatial 'S' / reduce 'R'), their bindings to surrounding loop variables, an optional
+predicate, an optional reduction ``init`` and a body that stores into its output buffer. Lowering
+(``compiler.loopir.lower``) removes blocks and leaves plain loops, stores and allocations for codegen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler import dtypes
+from compiler.loopir.expr import Expr, IterVar, Var
+
+SCOPES = ("global", "shared", "local")
+FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled", "thread")
+
+_buf_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A multi-dimensional array with a memory scope (global, shared or local)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    scope: str = "global"
+    uid: int = field(default_factory=lambda: next(_buf_ids))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtypes.DTYPES[self.dtype].itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+    def __repr__(self) -> str:
+        return f"{self.name}<{self.scope}>{list(self.shape)}"
+
+    __hash__ = object.__hash__
+
+
+class Stmt:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        from compiler.loopir.printer import stmt_str
+
+        return stmt_str(self)
+
+
+@dataclass(eq=False, repr=False)
+class For(Stmt):
+    var: Var
+    extent: int
+    body: Stmt
+    kind: str = "serial"
+    thread: str | None = None  # blockIdx.x / threadIdx.x ... when kind == "thread"
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False, repr=False)
+class Block(Stmt):
+    name: str
+    iter_vars: list[IterVar]
+    bindings: list[Expr]
+    body: Stmt
+    init: Stmt | None = None
+    predicate: Expr | None = None
+    alloc_buffers: list[Buffer] = field(default_factory=list)
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(iv.kind == "R" for iv in self.iter_vars)
+
+
+@dataclass(eq=False, repr=False)
+class BufferStore(Stmt):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass(eq=False, repr=False)
+class SeqStmt(Stmt):
+    stmts: list[Stmt]
+
+
+@dataclass(eq=False, repr=False)
+class IfThenElse(Stmt):
+    cond: Expr
+    then: Stmt
+    else_: Stmt | None = None
+
+
+@dataclass(eq=False, repr=False)
+class Allocate(Stmt):
+    buffer: Buffer
+    body: Stmt
+
+
+@dataclass(eq=False, repr=False)
+class Evaluate(Stmt):
+    """An intrinsic evaluated for its effect."""
+
+    expr: Expr
+
+
+@dataclass(eq=False, repr=False)
+class Barrier(Stmt):
+    """All threads of a block wait here (``__syncthreads()``); a no-op on the CPU."""
+
+    scope: str = "shared"
+
+
+@dataclass(eq=False)
+class PrimFunc:
+    """A kernel: parameter buffers (inputs first, then outputs) and a body."""
+
+    name: str
+    params: list[Buffer]
+    body: Stmt
+    num_inputs: int
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> list[Buffer]:
+        return self.params[: self.num_inputs]
+
+    @property
+    def outputs(self) -> list[Buffer]:
+        return self.params[self.num_inputs :]
+
+    def __repr__(self) -> str:
+        from compiler.loopir.printer import func_str
+
+        return func_str(self)
+
+
+# ------------------------------------------------------------------ traversal
+def stmt_children(s: Stmt) -> list[Stmt]:
+    if isinstance(s, (For, Allocate)):
+        return [s.body]
+    if isinstance(s, Block):
+        return [s.body] if s.init is None else [s.init, s.body]
+    if isinstance(s, SeqStmt):
+        return list(s.stmts)
+    if isinstance(s, IfThenElse):
+        return [s.then] if s.else_ is None else [s.then, s.else_]
+    return []
+
+
+def walk_stmts(s: Stmt) -> Iterator[Stmt]:
+    """Every statement under ``s`` (pre-order, including ``s``)."""
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(reversed(stmt_children(x)))
+
+
+def seq(*stmts: Stmt | None) -> Stmt:
+    flat: list[Stmt] = []
+    for s in stmts:
+        if s is None:
+            continue
+        if isinstance(s, SeqStmt):
+            flat.extend(s.stmts)
+        else:
+            flat.append(s)
+    return flat[0] if len(flat) == 1 else SeqStmt(flat)
