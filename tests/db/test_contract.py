@@ -33,13 +33,11 @@ def test_open_creates_schema_at_head(db: TuningDatabase) -> None:
     assert db.dialect in ("sqlite", "postgresql")
 
 
-def test_reopen_keeps_data(db_url: str) -> None:
-    if db_url == "sqlite://":
-        pytest.skip("an in-memory database lives only as long as its engine")
-    with TuningDatabase.open(db_url) as db:
+def test_reopen_keeps_data(shared_url: str) -> None:
+    with TuningDatabase.open(shared_url) as db:
         keys = add_basics(db)
         db.commit_record(rec(keys[0]))
-    with TuningDatabase.open(db_url, create=False) as db:
+    with TuningDatabase.open(shared_url, create=False) as db:
         assert db.count_records() == 1
         assert db.best(keys[0], CPU) is not None
 
