@@ -8,14 +8,64 @@ import argparse
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "models",
-        help="list the built-in models",
-        description="List the built-in models: name, description, inputs, op counts.",
+        help="list the built-in models (or summarize an ONNX file)",
+        description="List the built-in models: name, description, inputs, op counts. With --onnx FILE, "
+        "summarize an ONNX file: inputs, op histogram and which ops Kiln supports.",
     )
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument(
+        "--onnx",
+        metavar="FILE",
+        help="summarize an ONNX file instead: inputs with shapes, op histogram, which ops Kiln supports",
+    )
     p.set_defaults(handler=run)
 
 
+def _dims(dims: list) -> str:
+    return "x".join("?" if d is None else str(d) for d in dims) or "scalar"
+
+
+def run_onnx(args: argparse.Namespace) -> int:
+    import json
+
+    from compiler.frontend.onnx import summarize_onnx
+    from tuner.commands.common import print_table
+
+    s = summarize_onnx(args.onnx)
+    if args.format == "json":
+        print(json.dumps(s, indent=2))
+        return 0
+    rows = [{"op": op, "count": n, "supported": s["support"][op]} for op, n in s["ops"].items()]
+    if args.format == "csv":
+        print_table(rows, ["op", "count", "supported"], "csv")
+        return 0
+    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in s["opsets"].items())
+    print(
+        f"{s['file']}: {s['producer'] or 'unknown producer'}, opsets {opsets}, {s['nodes']} nodes, "
+        f"{s['parameters']:,} parameters in {s['initializers']} initializers"
+    )
+    print_table(
+        [{"input": i["name"], "dtype": i["dtype"], "shape": _dims(i["shape"])} for i in s["inputs"]],
+        ["input", "dtype", "shape"],
+        title="inputs",
+    )
+    print_table(rows, ["op", "count", "supported"], title="ops")
+    if s["dynamic_inputs"]:
+        names = " ".join(f"--input-shape {n}=..." for n in s["dynamic_inputs"])
+        print(f"dynamic inputs: give static shapes when compiling ({names})")
+    if s["unsupported_nodes"]:
+        print(
+            f"not importable: {len(s['unsupported_nodes'])} node(s) use unsupported ops: "
+            + ", ".join(sorted({n["op"] for n in s["unsupported_nodes"]}))
+        )
+    else:
+        print("every op is supported")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.onnx:
+        return run_onnx(args)
     from compiler.frontend.models import MODELS
     from compiler.passes import optimize
     from tuner.commands.common import print_table
