@@ -42,14 +42,22 @@ def register_compute(*names: str):
     return deco
 
 
-def bcast_index(in_shape: Sequence[int], out_idx: Sequence[Expr]) -> tuple[Expr, ...]:
-    """Index into an input of ``in_shape`` for an output index under numpy broadcasting."""
+def bcast_index(
+    in_shape: Sequence[int], out_idx: Sequence[Expr], out_shape: Sequence[int]
+) -> tuple[Expr, ...]:
+    """Index into an input of ``in_shape`` for an output index under numpy broadcasting (a size-1 axis
+    reads index 0 only where the output axis is really broadcast, so same-shape reads stay identity)."""
     off = len(out_idx) - len(in_shape)
-    return tuple(const(0) if d == 1 else out_idx[off + k] for k, d in enumerate(in_shape))
+    return tuple(
+        const(0) if d == 1 and out_shape[off + k] != 1 else out_idx[off + k] for k, d in enumerate(in_shape)
+    )
 
 
-def _read(t: Tensor, idx: Sequence[Expr]) -> Expr:
-    return t[tuple(bcast_index(t.shape, idx))] if t.shape else t[()]
+def _reader(out_shape: Sequence[int]):
+    def read(t: Tensor, idx: Sequence[Expr]) -> Expr:
+        return t[tuple(bcast_index(t.shape, idx, out_shape))] if t.shape else t[()]
+
+    return read
 
 
 # ------------------------------------------------------------------ elementwise
@@ -75,6 +83,7 @@ def _make_unary(op: str) -> Compute:
 
     def comp(ins: list[Tensor], attrs: dict, out: TensorType, name: str) -> list[Tensor]:
         (x,) = ins
+        _read = _reader(out.shape)
         return [compute(out.shape, lambda *i: fn(_read(x, i)), name)]
 
     return comp
@@ -113,6 +122,7 @@ def _make_binary(op: str) -> Compute:
 
     def comp(ins: list[Tensor], attrs: dict, out: TensorType, name: str) -> list[Tensor]:
         a, b = ins
+        _read = _reader(out.shape)
         return [compute(out.shape, lambda *i: fn(_read(a, i), _read(b, i)), name)]
 
     return comp
@@ -125,12 +135,14 @@ for _op in _BINARY:
 @register_compute("where")
 def _where(ins, attrs, out, name):
     c, a, b = ins
+    _read = _reader(out.shape)
     return [compute(out.shape, lambda *i: select(_read(c, i), _read(a, i), _read(b, i)), name)]
 
 
 @register_compute("cast")
 def _cast(ins, attrs, out, name):
     (x,) = ins
+    _read = _reader(out.shape)
     return [compute(out.shape, lambda *i: cast(_read(x, i), out.dtype), name)]
 
 
@@ -143,6 +155,7 @@ def _constant(ins, attrs, out, name):
 @register_compute("broadcast_to")
 def _broadcast_to(ins, attrs, out, name):
     (x,) = ins
+    _read = _reader(out.shape)
     return [compute(out.shape, lambda *i: _read(x, i), name)]
 
 
@@ -287,8 +300,8 @@ def _matmul(ins, attrs, out, name):
 
     def f(*i: Expr) -> Expr:
         batch, m, n = i[:nb], i[nb], i[nb + 1]
-        ab = bcast_index(a.shape[:-2], batch)
-        bb = bcast_index(b.shape[:-2], batch)
+        ab = bcast_index(a.shape[:-2], batch, out.shape[:-2])
+        bb = bcast_index(b.shape[:-2], batch, out.shape[:-2])
         av = a[(*ab, k.var, m) if ta else (*ab, m, k.var)]
         bv = b[(*bb, n, k.var) if tb else (*bb, k.var, n)]
         return reduce("sum", av * bv, [k])

@@ -1,0 +1,412 @@
+"""Partition a graph into kernel groups (TVM FuseOps / CINN group clustering).
+
+Every producer -> consumer pair that some rule could fuse is a :class:`FusionEdge` with a stable id
+(``e<p>_<c>``, from the canonical node numbering, so it does not depend on names or insertion order).
+A :class:`FusionPlan` (edge id -> fuse or not) overrides the rules; :func:`default_plan` is the rules'
+own choice. Edges are applied in a fixed order; a merge that would make an illegal group or a cycle
+between groups is skipped and reported.
+
+Rules (by op category):
+- elementwise/broadcast/injective chains fuse;
+- they fuse into the reductions that read them (prologue), and a reduction fuses with its
+  elementwise/broadcast consumers (epilogue) and with later reductions over the same input shape and
+  axes — so softmax, layer_norm and rms_norm each become one group;
+- a contraction (matmul, batch_matmul, conv2d) takes an elementwise epilogue (bias, activation,
+  residual) and, by default, pure layout producers (reshape/transpose/...) as its prologue;
+- pooling takes an elementwise epilogue; opaque ops stand alone; scalar constants are copied into
+  every group that reads them.
+
+Group kinds: ``pointwise`` (including pooling windows), ``reduction``, ``contraction``, ``opaque``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from compiler.builder import GraphBuilder
+from compiler.errors import KilnError
+from compiler.graph import Graph, Node, Value
+from compiler.ops import PatternKind, get_op
+
+WORKLOAD_VERSION = 1
+CONTRACTIONS = {"matmul", "batch_matmul", "conv2d"}
+POOLS = {"max_pool2d", "avg_pool2d"}
+LAYOUT_OPS = {"reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "slice"}
+VIEW_OPS = {"reshape", "expand_dims", "squeeze"}
+
+FusionPlan = dict[str, bool]
+
+
+def category(node: Node) -> str:
+    if node.op == "constant":
+        return "const"
+    if node.op in CONTRACTIONS:
+        return "contract"
+    if node.op in POOLS:
+        return "pool"
+    kind = get_op(node.op).kind
+    if kind == PatternKind.Reduction:
+        return "reduce"
+    if kind == PatternKind.Opaque:
+        return "opaque"
+    if kind in (PatternKind.ElementWise, PatternKind.Broadcast, PatternKind.Injective):
+        return "ew"
+    return "opaque"
+
+
+@dataclass(frozen=True)
+class FusionEdge:
+    id: str
+    producer: Node
+    consumer: Node
+    default: bool
+    rule: str
+
+    def describe(self) -> str:
+        return f"{self.id}: {self.producer.name} ({self.producer.op}) -> {self.consumer.name} ({self.consumer.op})"
+
+
+def _canonical_numbers(graph: Graph) -> dict[int, int]:
+    _, order = graph.canonical_order()
+    return {id(n): k for k, n in enumerate(order)}
+
+
+def fusion_edges(graph: Graph) -> list[FusionEdge]:
+    """Every producer -> consumer pair a rule could fuse, with the rules' default decision."""
+    numbers = _canonical_numbers(graph)
+    edges: list[FusionEdge] = []
+    seen: set[tuple[int, int]] = set()
+    for c in sorted((n for n in graph.nodes if id(n) in numbers), key=lambda n: numbers[id(n)]):
+        for v in c.inputs:
+            p = v.producer
+            if p is None or (id(p), id(c)) in seen or id(p) not in numbers:
+                continue
+            seen.add((id(p), id(c)))
+            rule = _edge_rule(p, c)
+            if rule is None:
+                continue
+            default = rule not in ("pool_prologue", "contract_prologue")
+            edges.append(FusionEdge(f"e{numbers[id(p)]}_{numbers[id(c)]}", p, c, default, rule))
+    return edges
+
+
+def _edge_rule(p: Node, c: Node) -> str | None:
+    pc, cc = category(p), category(c)
+    if "const" in (pc, cc) or "opaque" in (pc, cc):
+        return None
+    if pc == "ew" and cc == "ew":
+        return "elementwise"
+    if pc == "ew" and cc == "reduce":
+        return "reduce_prologue"
+    if pc == "ew" and cc == "contract":
+        return "layout_prologue" if p.op in LAYOUT_OPS else "contract_prologue"
+    if pc == "ew" and cc == "pool":
+        return "pool_prologue"
+    if pc == "reduce" and cc == "ew":
+        return "reduce_epilogue"
+    if pc == "reduce" and cc == "reduce":
+        return "multi_reduce"
+    if pc in ("contract", "pool") and cc == "ew":
+        return f"{pc}_epilogue"
+    return None
+
+
+def default_plan(graph: Graph) -> FusionPlan:
+    return {e.id: e.default for e in fusion_edges(graph)}
+
+
+# ------------------------------------------------------------------ groups
+@dataclass(eq=False)
+class Group:
+    """A set of nodes compiled into one kernel."""
+
+    index: int
+    kind: str
+    nodes: list[Node]
+    inputs: list[Value]
+    outputs: list[Value]
+    anchor: Node | None
+    constants: list[Node] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        ops = [n.op for n in self.nodes if n.op != "constant"]
+        main = self.anchor.op if self.anchor is not None else (ops[-1] if ops else "copy")
+        return f"g{self.index}_{main}"
+
+    @property
+    def is_view(self) -> bool:
+        """Only reshapes of one input: the runtime aliases the buffer instead of launching a kernel."""
+        return all(n.op in VIEW_OPS for n in self.nodes) and len(self.inputs) == 1 and len(self.outputs) == 1
+
+    @cached_property
+    def subgraph(self) -> Graph:
+        """The group as a standalone graph: external values (params included) become inputs."""
+        b = GraphBuilder(self.name)
+        mapping: dict[Value, Value] = {}
+        for i, v in enumerate(self.inputs):
+            mapping[v] = b.input(f"in{i}", v.shape, v.dtype)
+        for n in self.constants:
+            mapping[n.output] = b.add_node("constant", [], n.attrs, n.name)
+        for n in self.nodes:
+            mapping[n.output] = b.add_node(n.op, [mapping[v] for v in n.inputs], n.attrs, n.name)
+        return b.build([mapping[v] for v in self.outputs])
+
+    def canonical(self) -> dict:
+        return {"v": WORKLOAD_VERSION, "kind": self.kind, "graph": self.subgraph.canonical()}
+
+    @cached_property
+    def workload_key(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def flops(self) -> float:
+        return float(sum(node_flops(n) for n in self.nodes))
+
+    @property
+    def bytes(self) -> float:
+        return float(sum(v.type.nbytes for v in self.inputs) + sum(v.type.nbytes for v in self.outputs))
+
+    def __repr__(self) -> str:
+        return f"Group({self.name}, {self.kind}, {[n.op for n in self.nodes]})"
+
+
+def node_flops(n: Node) -> int:
+    out = n.output.type
+    if n.op in ("matmul", "batch_matmul"):
+        a = n.inputs[0].shape
+        k = a[-2] if n.attrs["transpose_a"] else a[-1]
+        return 2 * out.numel * k
+    if n.op == "conv2d":
+        o, cg, kh, kw = n.inputs[1].shape
+        return 2 * out.numel * cg * kh * kw
+    if n.op in POOLS:
+        kh, kw = n.attrs["kernel"]
+        return out.numel * kh * kw
+    if category(n) == "reduce":
+        return n.inputs[0].type.numel
+    return out.numel if n.op != "constant" else 0
+
+
+@dataclass
+class FusedGraph:
+    graph: Graph
+    groups: list[Group]
+    edges: list[FusionEdge]
+    decisions: FusionPlan
+    rejected: dict[str, str]  # edge id -> why the merge was not possible
+
+    def group_of(self, value: Value) -> Group | None:
+        for g in self.groups:
+            if value in g.outputs:
+                return g
+        return None
+
+    def summary(self) -> str:
+        lines = [f"{len(self.groups)} groups from {len(self.graph.nodes)} nodes"]
+        for g in self.groups:
+            lines.append(f"  {g.name:28s} {g.kind:12s} {len(g.nodes):3d} ops  {g.workload_key[:12]}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------- fusing
+class _Partition:
+    def __init__(self, nodes: list[Node]) -> None:
+        self.group_of: dict[int, int] = {id(n): k for k, n in enumerate(nodes)}
+        self.members: dict[int, list[Node]] = {k: [n] for k, n in enumerate(nodes)}
+        self.users: dict[int, list[Node]] = {}
+        for n in nodes:
+            for v in n.inputs:
+                if v.producer is not None and id(v.producer) in self.group_of:
+                    self.users.setdefault(id(v.producer), []).append(n)
+
+    def successors(self, g: int) -> set[int]:
+        out = set()
+        for n in self.members[g]:
+            for u in self.users.get(id(n), []):
+                h = self.group_of[id(u)]
+                if h != g:
+                    out.add(h)
+        return out
+
+    def reaches_through_others(self, src: int, dst: int) -> bool:
+        stack = [s for s in self.successors(src) if s != dst]
+        seen = set(stack)
+        while stack:
+            g = stack.pop()
+            for s in self.successors(g):
+                if s == dst:
+                    return True
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return False
+
+    def merge(self, a: int, b: int) -> None:
+        for n in self.members[b]:
+            self.group_of[id(n)] = a
+        self.members[a].extend(self.members.pop(b))
+
+
+def group_problem(nodes: list[Node]) -> str | None:
+    """Why a set of nodes cannot be one group (None when it can)."""
+    cats = {id(n): category(n) for n in nodes}
+    if any(c == "opaque" for c in cats.values()) and len(nodes) > 1:
+        return "opaque ops stand alone"
+    contracts = [n for n in nodes if cats[id(n)] == "contract"]
+    pools = [n for n in nodes if cats[id(n)] == "pool"]
+    reduces = [n for n in nodes if cats[id(n)] == "reduce"]
+    if len(contracts) + len(pools) > 1:
+        return "a group holds at most one contraction or pooling op"
+    if (contracts or pools) and reduces:
+        return "a contraction or pooling group cannot hold a reduction"
+    inside = {id(n) for n in nodes}
+    if reduces:
+        first = reduces[0]
+        shape, axes = first.inputs[0].shape, first.attrs["axes"]
+        for r in reduces[1:]:
+            if r.inputs[0].shape != shape or r.attrs["axes"] != axes:
+                return f"reductions {first.name} and {r.name} are over different rows"
+        allowed = {shape} | {r.output.shape for r in reduces}
+        for n in _downstream(reduces, nodes, inside):
+            if cats[id(n)] == "ew" and (
+                get_op(n.op).kind == PatternKind.Injective or n.output.shape not in allowed
+            ):
+                return f"{n.name} ({n.op}) after a reduction leaves the reduction's row space"
+    anchor = (contracts or pools or [None])[0]
+    if anchor is not None:
+        for n in _downstream([anchor], nodes, inside):
+            if get_op(n.op).kind == PatternKind.Injective or n.output.shape != anchor.output.shape:
+                return f"epilogue {n.name} ({n.op}) of {anchor.op} is not elementwise on its output"
+    return None
+
+
+def _downstream(starts: list[Node], nodes: list[Node], inside: set[int]) -> list[Node]:
+    out, frontier = [], {id(s) for s in starts}
+    for n in nodes:  # nodes are in topological order
+        if id(n) in frontier:
+            continue
+        if any(v.producer is not None and id(v.producer) in frontier for v in n.inputs) and id(n) in inside:
+            frontier.add(id(n))
+            out.append(n)
+    return out
+
+
+def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
+    """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults."""
+    edges = fusion_edges(graph)
+    decisions = {e.id: e.default for e in edges}
+    if plan:
+        unknown = sorted(set(plan) - set(decisions))
+        if unknown:
+            raise KilnError(
+                f"fusion plan names edges that graph {graph.name} does not have: {', '.join(unknown)} "
+                f"(it has {len(decisions)} edges: {', '.join(sorted(decisions))})"
+            )
+        decisions.update(plan)
+    position = {id(n): k for k, n in enumerate(graph.nodes)}
+    nodes = [n for n in graph.nodes if n.op != "constant"]
+    part = _Partition(nodes)
+    rejected: dict[str, str] = {}
+    for e in edges:
+        if not decisions[e.id]:
+            continue
+        gp, gc = part.group_of[id(e.producer)], part.group_of[id(e.consumer)]
+        if gp == gc:
+            continue
+        merged = sorted(part.members[gp] + part.members[gc], key=lambda n: position[id(n)])
+        problem = group_problem(merged)
+        if problem is None and part.reaches_through_others(gp, gc):
+            problem = "fusing would create a cycle between groups"
+        if problem is not None:
+            rejected[e.id] = problem
+            continue
+        part.merge(gp, gc)
+    groups = _build_groups(graph, part, position)
+    return FusedGraph(graph, groups, edges, decisions, rejected)
+
+
+def _build_groups(graph: Graph, part: _Partition, position: dict[int, int]) -> list[Group]:
+    consumers = graph.consumers()
+    graph_outputs = set(graph.outputs)
+    order = sorted(part.members, key=lambda g: min(position[id(n)] for n in part.members[g]))
+    # topological order of groups (merging may move a group after one that feeds it)
+    done: set[int] = set()
+    topo: list[int] = []
+
+    def visit(g: int) -> None:
+        if g in done:
+            return
+        done.add(g)
+        for n in part.members[g]:
+            for v in n.inputs:
+                p = v.producer
+                if p is not None and id(p) in part.group_of and part.group_of[id(p)] != g:
+                    visit(part.group_of[id(p)])
+        topo.append(g)
+
+    for g in order:
+        visit(g)
+    groups = []
+    for idx, g in enumerate(topo):
+        members = sorted(part.members[g], key=lambda n: position[id(n)])
+        inside = {id(n) for n in members}
+        outputs = [
+            n.output
+            for n in members
+            if n.output in graph_outputs or any(id(u) not in inside for u in consumers.get(n.output, []))
+        ]
+        inputs, constants = _external_inputs(members, outputs, inside)
+        anchor = next((n for n in members if category(n) in ("contract", "pool")), None)
+        reduces = [n for n in members if category(n) == "reduce"]
+        if category(members[0]) == "opaque":
+            kind = "opaque"
+        elif anchor is not None and category(anchor) == "contract":
+            kind = "contraction"
+        elif reduces:
+            kind, anchor = "reduction", reduces[0]
+        else:
+            kind = "pointwise"
+        groups.append(Group(idx, kind, members, inputs, outputs, anchor, constants))
+    return groups
+
+
+def _external_inputs(
+    members: list[Node], outputs: list[Value], inside: set[int]
+) -> tuple[list[Value], list[Node]]:
+    """External values in first-use order of a depth-first walk from the outputs (canonical)."""
+    inputs: list[Value] = []
+    constants: list[Node] = []
+    seen: set[int] = set()
+
+    def walk(v: Value) -> None:
+        p = v.producer
+        if p is not None and p.op == "constant":
+            if id(p) not in seen:
+                seen.add(id(p))
+                constants.append(p)
+            return
+        if p is None or id(p) not in inside:
+            if id(v) not in seen:
+                seen.add(id(v))
+                inputs.append(v)
+            return
+        if id(p) in seen:
+            return
+        seen.add(id(p))
+        for u in p.inputs:
+            walk(u)
+
+    for v in outputs:
+        walk(v)
+    return inputs, constants
+
+
+def estimate_cost(group: Group) -> float:
+    """A crude roofline-style weight used only for ordering and display."""
+    return max(group.flops / 1e11, group.bytes / 3e10) * 1e6 + math.log1p(len(group.nodes))

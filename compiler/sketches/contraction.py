@@ -1,0 +1,328 @@
+"""The contraction sketch: matmul / batch_matmul / conv2d with a fused elementwise epilogue.
+
+The block's spatial loops are classified by the operands they index: M (only the first operand), N
+(only the second), batch (both). CPU schedule, BLIS style without K blocking (the accumulator tile
+lives in registers for the whole K, so the epilogue runs on registers):
+
+    parallel for (batch, outer M/N dims, n_o)   [pack B panel: n_o's K x NC block, layout [NC/NR][K][NR]]
+      for m_o                                   [pack A panel: MC x K, layout [MC/MR][K][MR]]
+        for n_m, m_m   (order knob)             [acc: MR x NR register tile, zeroed]
+          for k                                 acc[mr][nr] += A[m][k] * Bp[k][nr]   (mr unrolled, nr vectorized)
+          epilogue on the tile                  out = f(acc, bias, residual, ...)
+
+Knobs: ``mr``, ``nr`` (register tile), ``vector``, ``mc_tiles`` / ``nc_tiles`` (cache block = tiles x
+register tile), ``pack_a``, ``pack_b``, ``order``, ``unroll_k``, ``parallel``.
+CUDA knobs: ``bm``, ``bn``, ``bk``, ``tm``, ``tn``, ``vector``, ``double_buffer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.errors import ScheduleError
+from compiler.fusion import Group
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import Load, Var, free_vars, walk
+from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Block, Buffer, For
+from compiler.sketches.base import Config, Knob, Sketch, prepare
+from compiler.target import Target
+
+REGISTERS = 32  # vector registers on AVX-512 (16 on AVX2)
+
+
+@dataclass
+class GemmView:
+    """How the contraction block's loops map onto a GEMM."""
+
+    block: Block
+    a: Buffer  # first operand (broadcast side)
+    b: Buffer  # second operand (vector side)
+    batch: list[For]
+    m: list[For]
+    n: list[For]
+    k: list[For]
+    b_ndim: int | None  # axis of b indexed by the innermost n loop (None if not a plain variable)
+    a_mdim: int | None
+
+    @property
+    def m_extent(self) -> int:
+        return self.m[-1].extent if self.m else 1
+
+    @property
+    def n_extent(self) -> int:
+        return self.n[-1].extent if self.n else 1
+
+
+def _anchor_extents(group: Group) -> tuple[int, int]:
+    """(innermost M extent, innermost N extent) computed from the anchor's shapes."""
+    n = group.anchor
+    assert n is not None
+    if n.op == "conv2d":
+        return n.output.shape[3], n.output.shape[1]
+    return n.output.shape[-2], n.output.shape[-1]
+
+
+def gemm_view(sch: Schedule, block: Block) -> GemmView:
+    loads = [
+        ld
+        for st in A.block_stores(block)
+        for ld in walk(st.value)
+        if isinstance(ld, Load) and ld.buffer in sch.func.params
+    ]
+    operands: list[Buffer] = []
+    for ld in loads:
+        if ld.buffer not in operands:
+            operands.append(ld.buffer)
+    if len(operands) < 2:
+        raise ScheduleError(f"contraction: block {block.name} does not read two operands")
+    a, b = operands[0], operands[1]
+    loops = sch.get_loops(block)
+    by_var = dict(zip((iv.var for iv in block.iter_vars), zip(block.iter_vars, loops)))
+    uses: dict[int, set[str]] = {}
+    for ld in loads:
+        tag = "a" if ld.buffer is a else "b" if ld.buffer is b else None
+        if tag is None:
+            continue
+        for i in ld.indices:
+            for v in free_vars(i):
+                uses.setdefault(v.uid, set()).add(tag)
+    batch, m, n, k = [], [], [], []
+    for iv, lp in by_var.values():
+        if iv.kind == "R":
+            k.append(lp)
+            continue
+        u = uses.get(iv.var.uid, set())
+        (m if u == {"a"} else n if u == {"b"} else batch).append(lp)
+    n_var = _var_of(block, n[-1]) if n else None
+    m_var = _var_of(block, m[-1]) if m else None
+    return GemmView(block, a, b, batch, m, n, k, _plain_axis(loads, b, n_var), _plain_axis(loads, a, m_var))
+
+
+def _var_of(block: Block, loop: For) -> Var:
+    for iv, e in zip(block.iter_vars, block.bindings):
+        if e is loop.var:
+            return iv.var
+    raise ScheduleError(f"loop {loop.var.name} is not bound to an iteration variable")
+
+
+def _plain_axis(loads: list[Load], buf: Buffer, var: Var | None) -> int | None:
+    """The axis of ``buf`` indexed by exactly ``var`` in every load (None when not that simple)."""
+    if var is None:
+        return None
+    axes = set()
+    for ld in loads:
+        if ld.buffer is buf:
+            hits = [d for d, i in enumerate(ld.indices) if i is var]
+            if len(hits) != 1 or any(var in free_vars(i) for d, i in enumerate(ld.indices) if d != hits[0]):
+                return None
+            axes.add(hits[0])
+    return axes.pop() if len(axes) == 1 else None
+
+
+class ContractionSketch(Sketch):
+    name = "contraction"
+    version = 1
+    kinds = ("contraction",)
+
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        if target.kind == "cuda":
+            return [
+                Knob("bm", (32, 64, 128, 256), "rows of C per thread block"),
+                Knob("bn", (32, 64, 128, 256), "columns of C per thread block"),
+                Knob("bk", (8, 16, 32, 64), "K slice staged in shared memory"),
+                Knob("tm", (1, 2, 4, 8), "rows of C per thread (register tile)"),
+                Knob("tn", (1, 2, 4, 8), "columns of C per thread (register tile)"),
+                Knob("vector", (1, 2, 4), "vector width of global loads"),
+                Knob("double_buffer", (0, 1), "double-buffer the shared-memory tiles"),
+            ]
+        lanes = target.vector_lanes_f32
+        m_ext, n_ext = _anchor_extents(group)
+        conv = group.anchor is not None and group.anchor.op == "conv2d"
+        vectors = tuple(v for v in (1, 4, 8, 16) if v <= lanes)
+        return [
+            Knob("mr", tuple(v for v in (1, 2, 4, 6, 8, 12, 14) if v <= max(1, m_ext)), "register tile rows"),
+            Knob(
+                "nr",
+                tuple(v for v in (4, 8, 16, 32, 48, 64) if v <= max(4, n_ext) or v == 4),
+                "register tile columns",
+            ),
+            Knob("vector", vectors, "SIMD lanes along N"),
+            Knob("mc_tiles", (1, 2, 4, 8, 16, 32), "register tiles per M cache block (MC = mc_tiles * mr)"),
+            Knob("nc_tiles", (1, 2, 4, 8, 16), "register tiles per N cache block (NC = nc_tiles * nr)"),
+            Knob("pack_a", (0,) if conv else (0, 1), "pack the A panel [MC/MR][K][MR]"),
+            Knob("pack_b", (0, 1), "pack the B panel [NC/NR][K][NR]"),
+            Knob("order", ("nm", "mn"), "order of the tile loops inside the cache block"),
+            Knob("unroll_k", (1, 2, 4), "unroll of the K loop"),
+            Knob("parallel", ("batch_n", "batch_m", "none"), "OpenMP over batch+N blocks or batch+M blocks"),
+        ]
+
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        if target.kind == "cuda":
+            threads = (config["bm"] // config["tm"]) * (config["bn"] // config["tn"])
+            if threads > target.max_threads_per_block or threads < 32:
+                raise ScheduleError(
+                    f"contraction: {threads} threads per block is outside [32, {target.max_threads_per_block}]"
+                )
+            smem = (config["bm"] + config["bn"]) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
+            if smem > target.max_shared_bytes_optin:
+                raise ScheduleError(f"contraction: {smem} bytes of shared memory exceed the device limit")
+            return
+        v, nr, mr = config["vector"], config["nr"], config["mr"]
+        if nr % v:
+            raise ScheduleError(f"contraction: vector {v} does not divide nr {nr}")
+        if mr * (nr // v) > REGISTERS - 4 and v > 1:
+            raise ScheduleError(f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector registers")
+        m_ext, n_ext = _anchor_extents(group)
+        if config["mc_tiles"] > 1 and mr * config["mc_tiles"] > 2 * m_ext:
+            raise ScheduleError("contraction: the M cache block is far larger than M")
+        if config["nc_tiles"] > 1 and nr * config["nc_tiles"] > 2 * n_ext:
+            raise ScheduleError("contraction: the N cache block is far larger than N")
+
+    def default(self, group: Group, target: Target) -> Config:
+        if target.kind == "cuda":
+            return {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
+        m_ext, n_ext = _anchor_extents(group)
+        lanes = target.vector_lanes_f32
+        v = lanes if n_ext >= lanes else max(x for x in (1, 4, 8, 16) if x <= max(1, n_ext) and x <= lanes)
+        nr = 2 * v if n_ext >= 2 * v else v
+        nr = max(nr, 4)
+        mr = max(x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext))
+        if mr * (nr // v) > REGISTERS - 4:
+            mr = (REGISTERS - 4) // (nr // v)
+            mr = max(x for x in (1, 2, 4, 6, 8) if x <= mr)
+        mc = max(1, min(16, 128 // mr, -(-m_ext // mr)))
+        nc = max(1, min(8, 256 // nr, -(-n_ext // nr)))
+        config = {
+            "mr": mr,
+            "nr": nr,
+            "vector": v,
+            "mc_tiles": _pow2_floor(mc),
+            "nc_tiles": _pow2_floor(nc),
+            "pack_a": 0,
+            "pack_b": 1,
+            "order": "nm",
+            "unroll_k": 1,
+            "parallel": "batch_n" if n_ext >= nr * 2 * target.cores else "batch_m",
+        }
+        return config
+
+    # ------------------------------------------------------------------ build
+    def build(self, group: Group, config: Config, target: Target) -> Schedule:
+        self.check(group, config, target)
+        if target.kind == "cuda":
+            from compiler.sketches.cuda_contraction import build_contraction_cuda
+
+            return build_contraction_cuda(self, group, config, target)
+        sch, blocks = prepare(group)
+        mm = next(b for b in blocks if b.is_reduction)
+        out_buf = A.writes(mm)[0]
+        if any(p is out_buf for p in sch.func.params):
+            epi = sch.cache_write(mm, out_buf, "local")
+        else:
+            out_buf.scope = "local"
+            epi = next(b for b in sch.blocks() if out_buf in A.reads(b))
+        view = gemm_view(sch, mm)
+        if not view.m or not view.n:
+            return self._simple(sch, mm, epi, config)
+        self._tile(sch, view, epi, config)
+        return sch
+
+    def _simple(self, sch: Schedule, mm: Block, epi: Block, config: Config) -> Schedule:
+        """Shapes without both an M and an N axis (e.g. matrix-vector): parallel outer loop, serial K."""
+        loops = sch.get_loops(mm)
+        sp = [lp for lp, iv in zip(loops, mm.iter_vars) if iv.kind == "S"]
+        k = [lp for lp, iv in zip(loops, mm.iter_vars) if iv.kind == "R"]
+        if sp:
+            sch.reverse_compute_at(epi, sp[-1])
+            sch.decompose_reduction(mm, k[0])
+            if config["parallel"] != "none":
+                sch.parallel(sp[0])
+        return sch
+
+    def _tile(self, sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
+        mm = view.block
+        mr, nr, v = config["mr"], config["nr"], config["vector"]
+        mc, nc = mr * config["mc_tiles"], nr * config["nc_tiles"]
+        outer_m, outer_n = view.m[:-1], view.n[:-1]
+        m_o, m_m, m_r = sch.split(view.m[-1], [None, max(1, mc // mr), mr])
+        n_o, n_m, n_r = sch.split(view.n[-1], [None, max(1, nc // nr), nr])
+        k_loops = view.k
+        k = sch.fuse(*k_loops) if len(k_loops) > 1 else k_loops[0]
+        mid = [n_m, m_m] if config["order"] == "nm" else [m_m, n_m]
+        if config["parallel"] == "batch_m":
+            top = [*view.batch, *outer_m, *outer_n, m_o, n_o]
+        else:
+            top = [*view.batch, *outer_m, *outer_n, n_o, m_o]
+        sch.reorder(*top, *mid, k, m_r, n_r)
+        tile_loop = mid[-1]
+        sch.reverse_compute_at(epi, tile_loop)
+        init = sch.decompose_reduction(mm, k)
+        if config["unroll_k"] > 1:
+            _, ku = sch.split(k, [None, config["unroll_k"]])
+            sch.unroll(ku)
+        n_rv, n_v = sch.split(n_r, [None, v])
+        if v > 1:
+            sch.vectorize(n_v)
+        sch.unroll(n_rv)
+        sch.unroll(m_r)
+        self._vector_tile(sch, init, v, nr)
+        self._vector_tile(sch, epi, v, nr)
+        if config["pack_b"]:
+            self._pack(
+                sch,
+                mm,
+                view.b,
+                view.b_ndim,
+                nr,
+                top[len(top) - 2] if config["parallel"] == "batch_n" else top[-1],
+            )
+        if config["pack_a"] and view.a_mdim is not None:
+            self._pack(sch, mm, view.a, view.a_mdim, mr, m_o)
+        if config["parallel"] != "none":
+            par = top[: len(top) - 1]
+            fused = sch.fuse(*par) if len(par) > 1 else par[0]
+            sch.parallel(fused)
+
+    def _vector_tile(self, sch: Schedule, block: Block, v: int, nr: int) -> None:
+        loops = sch.get_loops(block)
+        inner = [lp for lp in loops if lp.extent in (nr,) and lp is loops[-1]]
+        if not inner:
+            return
+        rows = loops[-2] if len(loops) >= 2 and loops[-2].extent <= 16 else None
+        lv, vv = sch.split(inner[0], [None, v])
+        if v > 1:
+            sch.vectorize(vv)
+        sch.unroll(lv)
+        if rows is not None and rows.kind == "serial":
+            sch.unroll(rows)
+
+    def _pack(self, sch: Schedule, mm: Block, buf: Buffer, axis: int | None, tile: int, at: For) -> None:
+        """Copy the panel of ``buf`` used under loop ``at`` into a buffer laid out [.., axis/tile, .., tile]."""
+        pack = sch.cache_read(mm, buf, "global")
+        sch.compute_at(pack, at)
+        if axis is None:
+            return
+        cache = A.writes(pack)[0]
+        rank = len(cache.shape)
+        shape = list(cache.shape)
+        others = [d for d in range(rank) if d != axis]
+        new_shape = [-(-shape[axis] // tile), *(shape[d] for d in others), tile]
+
+        def index_map(*idx):
+            return [idx[axis] // tile, *(idx[d] for d in others), idx[axis] % tile]
+
+        sch.transform_layout(cache, index_map, new_shape)
+        # when the copy's innermost loop runs along the packed axis, both sides are contiguous: vectorize
+        loops = sch.get_loops(pack)
+        binding = pack.bindings[axis]
+        if loops and loops[-1].var in free_vars(binding) and loops[-1].extent % tile == 0 and tile > 1:
+            outer, inner = sch.split(loops[-1], [None, tile])
+            lanes = max(x for x in (1, 4, 8, 16) if tile % x == 0)
+            if lanes > 1:
+                _, lane = sch.split(inner, [None, lanes])
+                sch.vectorize(lane)
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
