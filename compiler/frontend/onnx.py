@@ -54,7 +54,7 @@ class Importer:
         self.b = ImportBuilder(graph_name)
         self.consts: dict[str, np.ndarray] = {}
         self.values: dict[str, Value] = {}
-        self.initializers: set[str] = set()
+        self.expanded: set[str] = set()  # folded values larger than their inputs (ConstantOfShape, Expand)
         self.inferred = inferred_types(loaded.model)
         self._transposed: dict[str, Value] = {}
 
@@ -92,10 +92,10 @@ class Importer:
 
     def materialize(self, arr: np.ndarray, name: str, from_weight: bool | None = None) -> Value:
         """A Kiln value holding ``arr``: a scalar ``constant`` for rank 0, a lazy broadcast of a constant
-        for a large uniform array computed at import time, else a param."""
+        for a uniform array that import-time evaluation expanded (ConstantOfShape, Expand), else a param."""
         dtype = array_dtype(arr, f"{self.label}: value '{name}'")
         kname = sanitize(name)
-        weight = name in self.initializers if from_weight is None else from_weight
+        weight = name not in self.expanded if from_weight is None else from_weight
         saved, self.b.scope = self.b.scope, None
         try:
             if arr.ndim == 0:
@@ -141,7 +141,6 @@ class Importer:
         for t in model.graph.initializer:
             if t.name not in self.values:
                 self.consts[t.name] = numpy_helper.to_array(t)
-                self.initializers.add(t.name)
         consumers: dict[str, int] = {}
         for node in self.loaded.nodes:
             for i in node.inputs:
@@ -212,7 +211,10 @@ class Importer:
             if fallback:
                 return None
             raise self.error(node, f"cannot evaluate it at import time: {exc}") from None
-        return [np.asarray(o) for o in outs]
+        outs = [np.asarray(o) for o in outs]
+        size = sum(a.size for a in feeds.values())
+        self.expanded.update(n for n, o in zip(node.outputs, outs) if o.size > max(size, 1))
+        return outs
 
     def _check_type(self, node: OnnxNode, name: str) -> None:
         """Compare a converted value with what ONNX shape inference says (an importer self-check)."""

@@ -246,7 +246,10 @@ def _pool(ctx: Importer, node: OnnxNode, kind: str) -> list[Value | None]:
     include_pad = bool(node.attr("count_include_pad", 0))
     if node.attr("ceil_mode", 0):
         if kind == "avg" and include_pad:
-            raise ctx.error(node, "ceil_mode with count_include_pad is not supported")
+            # the extra ceil-mode window never counts; with no real padding nothing else would either
+            if any(pads):
+                raise ctx.error(node, "ceil_mode with count_include_pad and padding is not supported")
+            include_pad = False
         for i, (size, k, s) in enumerate(zip(x.shape[2:], kernel, strides)):
             span = size + pads[i] + pads[i + nsp] - k
             out = -(-span // s) + 1

@@ -202,6 +202,19 @@ def silu_rule(m: Matcher, root: Node) -> Match | None:
     return None
 
 
+def hard_swish_rule(m: Matcher, root: Node) -> Match | None:
+    """x * hard_sigmoid(x; 1/6, 1/2), how opsets before 14 spell HardSwish."""
+    if root.op != "multiply":
+        return None
+    for x, s in m.pairs(root):
+        hs = m.node(s, "hard_sigmoid")
+        if hs is None or hs.inputs[0] is not x:
+            continue
+        if math.isclose(hs.attrs["alpha"], 1 / 6, rel_tol=1e-6) and math.isclose(hs.attrs["beta"], 0.5):
+            return Match([hs], [x], lambda b, xv: b.hard_swish(xv))
+    return None
+
+
 # ------------------------------------------------------------------- norms
 def _trailing_axes(node: Node, rank: int) -> int | None:
     """The first axis if ``node`` reduces a trailing range of axes with keepdims, else None."""
@@ -473,6 +486,17 @@ def _peel(m: Matcher, v: Value) -> _Operand:
     return _Operand(v, None, scale, False, nodes)
 
 
+def _snap_inverse_sqrt(scale: float) -> float:
+    """sqrt(1/sqrt(d)) squared in float32 misses 1/sqrt(d) by an ulp; give the attention scale back
+    exactly (it is an attribute of the workload, and the zoo writes 1/sqrt(d))."""
+    if scale <= 0:
+        return scale
+    d = round(1 / scale**2)
+    if d >= 1 and math.isclose(scale, 1 / math.sqrt(d), rel_tol=1e-6):
+        return 1 / math.sqrt(d)
+    return scale
+
+
 def contraction_rule(m: Matcher, root: Node) -> Match | None:
     if root.op not in ("matmul", "batch_matmul"):
         return None
@@ -482,6 +506,8 @@ def contraction_rule(m: Matcher, root: Node) -> Match | None:
     ta = root.attrs["transpose_a"] != a.flip
     tb = root.attrs["transpose_b"] != c.flip
     scale = a.scale * c.scale
+    if a.scale != 1.0 and c.scale != 1.0:
+        scale = _snap_inverse_sqrt(scale)
 
     def build(b: GraphBuilder, av: Value, cv: Value) -> Value:
         if a.perm is not None:
@@ -504,7 +530,15 @@ def scale_division_rule(m: Matcher, root: Node) -> Match | None:
     return Match([], [y], lambda b, yv, s=s: b.multiply(yv, b.constant(1.0 / s, yv.dtype)))
 
 
-RULES = (layer_norm_rule, rms_norm_rule, gelu_rule, silu_rule, linear_bias_rule, scale_division_rule)
+RULES = (
+    layer_norm_rule,
+    rms_norm_rule,
+    gelu_rule,
+    silu_rule,
+    hard_swish_rule,
+    linear_bias_rule,
+    scale_division_rule,
+)
 # Contractions are canonicalized in a second round, after norms and activations claimed their nodes.
 LATE_RULES = (contraction_rule,)
 

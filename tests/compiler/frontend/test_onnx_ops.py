@@ -291,9 +291,15 @@ def test_pool(op, attrs):
     check_model(single_op(op, [("x", [2, 3, 8, 9], F32)], **attrs))
 
 
-def test_avg_pool_count_include_pad():
-    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}
-    check_model(single_op("AveragePool", [("x", [1, 2, 6, 6], F32)], **attrs))
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1},
+        {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1, "count_include_pad": 1},
+    ],
+)
+def test_avg_pool_count_include_pad(attrs):
+    check_model(single_op("AveragePool", [("x", [1, 2, 7, 7], F32)], **attrs))
 
 
 def test_pool_1d():
