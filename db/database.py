@@ -18,6 +18,7 @@ PostgreSQL server):
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import warnings
@@ -116,6 +117,40 @@ def _records_select():  # type: ignore[no-untyped-def]
         .join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
         .join(TargetRow, TargetRow.id == RecordRow.target_id)
     )
+
+
+@functools.cache
+def _best_statement():  # type: ignore[no-untyped-def]
+    """Ok records of (:wk, :tk) in best order, :lim of them from :off (built once: reusing one statement
+    object lets SQLAlchemy skip re-adapting its cached compilation, a large part of a sub-ms query)."""
+    from sqlalchemy import bindparam
+
+    return (
+        _records_select()
+        .where(WorkloadRow.key == bindparam("wk"), TargetRow.key == bindparam("tk"), RecordRow.status == "ok")
+        .order_by(*_BEST_ORDER)
+        .limit(bindparam("lim"))
+        .offset(bindparam("off"))
+    )
+
+
+@functools.cache
+def _best_many_statement():  # type: ignore[no-untyped-def]
+    """The best ok record of each workload in :keys on target id :tid: one correlated index seek each."""
+    from sqlalchemy import bindparam, select
+    from sqlalchemy.orm import aliased
+
+    inner = aliased(RecordRow)
+    first = (
+        select(inner.id)
+        .where(inner.workload_id == WorkloadRow.id, inner.target_id == bindparam("tid"), inner.status == "ok")
+        .order_by(inner.median_us, inner.created_at, inner.id)
+        .limit(1)
+        .correlate(WorkloadRow)
+        .scalar_subquery()
+    )
+    ids = select(first).where(WorkloadRow.key.in_(bindparam("keys", expanding=True))).correlate(None)
+    return _records_select().where(RecordRow.id.in_(ids))
 
 
 def _to_record(row: Row) -> Record:
@@ -380,11 +415,12 @@ class TuningDatabase:
 
         if not recs:
             return []
+        table = RecordRow.__table__  # Core insert: building ORM statements costs more than the insert
         with self._write("commit records") as conn:
             rows = [self._record_values(conn, rec) for rec in recs]
             if len(rows) == 1:
-                return [conn.execute(insert(RecordRow).values(**rows[0])).inserted_primary_key[0]]
-            stmt = insert(RecordRow).returning(RecordRow.id, sort_by_parameter_order=True)
+                return [conn.execute(insert(table), rows[0]).inserted_primary_key[0]]
+            stmt = insert(table).returning(table.c.id, sort_by_parameter_order=True)
             return [r[0] for r in conn.execute(stmt, rows)]
 
     # -- runs and model tasks --------------------------------------------------------------------------
@@ -537,14 +573,11 @@ class TuningDatabase:
         next best one is tried. Records of other targets are never returned.
         """
         offset, batch = 0, 8
-        base = (
-            _records_select()
-            .where(WorkloadRow.key == workload_key, TargetRow.key == target_key, RecordRow.status == "ok")
-            .order_by(*_BEST_ORDER)
-        )
+        stmt = _best_statement()
         while True:
+            params = {"wk": workload_key, "tk": target_key, "lim": batch, "off": offset}
             with self._read("find the best record") as conn:
-                rows = conn.execute(base.limit(batch).offset(offset)).all()
+                rows = conn.execute(stmt, params).all()
             for row in rows:
                 rec, problem = self._candidate_problem(row, validate)
                 if problem is None:
@@ -558,41 +591,31 @@ class TuningDatabase:
     def best_many(
         self, workload_keys: Iterable[str], target_key: str, validate: Validator | None = None
     ) -> dict[str, Record]:
-        """:meth:`best` for many workloads at once (one query per 500 keys); untuned keys are absent."""
-        from sqlalchemy import func, select
+        """:meth:`best` for many workloads at once (one query per 500 keys); untuned keys are absent.
+
+        Each workload's best record is found with an index seek; if ``validate`` rejects it, the next
+        candidates of that workload are tried as in :meth:`best`.
+        """
+        from sqlalchemy import select
 
         keys = sorted(set(workload_keys))
-        per_key = 4  # candidates fetched per workload; more only if all of them are invalid
         out: dict[str, Record] = {}
         retry: list[str] = []
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            rank = (
-                func.row_number().over(partition_by=RecordRow.workload_id, order_by=_BEST_ORDER).label("rn")
-            )
-            inner = (
-                _records_select()
-                .add_columns(rank)
-                .where(WorkloadRow.key.in_(chunk), TargetRow.key == target_key, RecordRow.status == "ok")
-                .subquery()
-            )
-            stmt = select(inner).where(inner.c.rn <= per_key).order_by(inner.c.key, inner.c.rn)
-            with self._read("find the best records") as conn:
-                rows = conn.execute(stmt).all()
-            seen: dict[str, int] = {}
-            for row in rows:
-                wk = row[0]
-                seen[wk] = seen.get(wk, 0) + 1
-                if wk in out:
-                    continue
-                rec, problem = self._candidate_problem(row[: len(_RECORD_COLUMNS)], validate)
-                if problem is None:
-                    out[wk] = rec  # type: ignore[assignment]
-                else:
-                    self._warn_skipped(row, problem)
-            retry.extend(wk for wk, n in seen.items() if wk not in out and n >= per_key)
+        with self._read("find the best records") as conn:
+            tid = conn.execute(select(TargetRow.id).where(TargetRow.key == target_key)).scalar()
+            if tid is None:
+                return out
+            for start in range(0, len(keys), 500):
+                params = {"keys": keys[start : start + 500], "tid": tid}
+                for row in conn.execute(_best_many_statement(), params):
+                    rec, problem = self._candidate_problem(row, validate)
+                    if problem is None:
+                        out[row[0]] = rec  # type: ignore[assignment]
+                    else:
+                        self._warn_skipped(row, problem)
+                        retry.append(row[0])
         for wk in retry:
-            found = self._best_after(wk, target_key, per_key, validate)
+            found = self._best_after(wk, target_key, 1, validate)
             if found is not None:
                 out[wk] = found
         return out

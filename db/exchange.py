@@ -599,7 +599,7 @@ class _Importer:
         )
         rows = [row for fp, row in self.pending if fp not in stored]
         if rows:
-            self.conn.execute(insert(RecordRow), rows)
+            self.conn.execute(insert(RecordRow.__table__), rows)
         self.counts["added"] += len(rows)
         self.counts["skipped_duplicates"] += len(self.pending) - len(rows)
         self.pending.clear()
