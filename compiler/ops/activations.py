@@ -1,13 +1,21 @@
 """Piecewise-linear activations that exported models use as single ops: leaky_relu, hard_sigmoid and
-hard_swish (MobileNetV3, EfficientNet-lite). Each is elementwise on float tensors."""
+hard_swish (MobileNetV3, EfficientNet-lite). Each is elementwise on float tensors, with its own numpy
+reference and a decomposition into maximum/minimum/multiply/add, so the decompose pass lowers it to
+primitives that every later stage (fusion, tensor expressions) already handles."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from compiler.graph import TensorType
 from compiler.ops.common import require_float
-from compiler.ops.registry import Attr, OpDef, OpTypeError, PatternKind, register
+from compiler.ops.registry import Attr, OpDef, PatternKind, register
+
+if TYPE_CHECKING:
+    from compiler.builder import GraphBuilder
+    from compiler.graph import Value
 
 
 def _float_infer(op: str):
@@ -33,10 +41,21 @@ def _hard_swish_ref(x: np.ndarray) -> np.ndarray:
     return (x64 * np.clip(x64 / 6.0 + 0.5, 0.0, 1.0)).astype(x.dtype)
 
 
-def _hard_sigmoid_normalize(types: list[TensorType], attrs: dict) -> dict:
-    if attrs["alpha"] == 0.0:
-        raise OpTypeError("hard_sigmoid alpha must not be 0 (that is a constant)")
-    return attrs
+def _leaky_relu_decompose(b: GraphBuilder, x: Value, alpha: float) -> Value:
+    # for 0 <= alpha <= 1, max(x, alpha*x) is x for x >= 0 and alpha*x below; otherwise select
+    scaled = b.multiply(x, b.constant(alpha, x.dtype))
+    if 0.0 <= alpha <= 1.0:
+        return b.maximum(x, scaled)
+    return b.where(b.greater_equal(x, b.constant(0.0, x.dtype)), x, scaled)
+
+
+def _hard_sigmoid_decompose(b: GraphBuilder, x: Value, alpha: float, beta: float) -> Value:
+    y = b.add(b.multiply(x, b.constant(alpha, x.dtype)), b.constant(beta, x.dtype))
+    return b.minimum(b.maximum(y, b.constant(0.0, x.dtype)), b.constant(1.0, x.dtype))
+
+
+def _hard_swish_decompose(b: GraphBuilder, x: Value) -> Value:
+    return b.multiply(x, _hard_sigmoid_decompose(b, x, 1.0 / 6.0, 0.5))
 
 
 register(
@@ -47,6 +66,7 @@ register(
         _float_infer("leaky_relu"),
         _leaky_relu_ref,
         attrs=(Attr("alpha", "float", 0.01),),
+        decompose=_leaky_relu_decompose,
         doc="x if x >= 0 else alpha * x",
     )
 )
@@ -58,7 +78,7 @@ register(
         _float_infer("hard_sigmoid"),
         _hard_sigmoid_ref,
         attrs=(Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)),
-        normalize=_hard_sigmoid_normalize,
+        decompose=_hard_sigmoid_decompose,
         doc="max(0, min(1, alpha * x + beta))",
     )
 )
@@ -69,6 +89,7 @@ register(
         1,
         _float_infer("hard_swish"),
         _hard_swish_ref,
+        decompose=_hard_swish_decompose,
         doc="x * max(0, min(1, x / 6 + 1/2))",
     )
 )
