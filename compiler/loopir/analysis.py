@@ -131,9 +131,11 @@ def region(
     shape: Sequence[int],
     inner: dict[Var, tuple[int, int]],
     outer: dict[Var, tuple[int, int]],
+    clip: bool = False,
 ) -> list[tuple[Expr, int]]:
     """Per dimension, (start, extent) of the indices touched when ``inner`` variables range fully and
-    ``outer`` ones are fixed. A dimension that cannot be analyzed exactly is the whole dimension."""
+    ``outer`` ones are fixed. A dimension that cannot be analyzed exactly is the whole dimension; with
+    ``clip`` (for sizing allocations) so is one whose region is at least as large as the dimension."""
     ranges = {**outer, **inner}
     result: list[tuple[Expr, int]] = []
     for d, size in enumerate(shape):
@@ -168,7 +170,7 @@ def region(
                 break
             lo = blo + diff.const if lo is None else min(lo, blo + diff.const)
             hi = bhi + diff.const if hi is None else max(hi, bhi + diff.const)
-        if not ok or lo is None or hi is None or hi - lo + 1 >= size:
+        if not ok or lo is None or hi is None or (clip and hi - lo + 1 >= size):
             result.append((_zero(), size))
             continue
         start = from_affine(ref.plus(Affine({}, lo, ref.dtype)))

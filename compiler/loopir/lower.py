@@ -93,7 +93,7 @@ def _plan(root: Block, buf: Buffer) -> _Compact:
     for b, chain in zip(blocks, chains):
         inner.update(A.loop_ranges(lp for lp in chain if lp not in prefix))
         accesses += A.accesses_in_loop_vars(b, buf, "r") + A.accesses_in_loop_vars(b, buf, "w")
-    reg = A.region(accesses, buf.shape, inner, outer)
+    reg = A.region(accesses, buf.shape, inner, outer, clip=True)
     shape = tuple(ext for _, ext in reg)
     new = Buffer(buf.name, shape, buf.dtype, buf.scope) if shape != buf.shape else buf
     return _Compact(prefix[-1] if prefix else None, new, [s for s, _ in reg])
@@ -150,7 +150,9 @@ def _convert_block(b: Block, plans: dict[int, _Compact]) -> Stmt:
 
 def _rebase_load(ld: Load, plans: dict[int, _Compact]) -> Expr | None:
     p = plans.get(id(ld.buffer))
-    if p is None or (p.buffer is ld.buffer and all(isinstance(s0, Const) and s0.value == 0 for s0 in p.starts)):
+    if p is None or (
+        p.buffer is ld.buffer and all(isinstance(s0, Const) and s0.value == 0 for s0 in p.starts)
+    ):
         return None
     return Load(p.buffer, tuple(i - s0 for i, s0 in zip(ld.indices, p.starts)))
 

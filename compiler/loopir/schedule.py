@@ -394,17 +394,18 @@ class Schedule:
         for c in consumers:
             inner.update(A.loop_ranges(lp for lp in self.get_loops(c) if lp not in outer_loops))
             accesses += A.accesses_in_loop_vars(c, buf, "r")
-        reg = A.region(accesses, buf.shape, inner, outer)
-        new_nest = self._region_nest(block, reg, buf)
+        reg = iter(A.region(accesses, buf.shape, inner, outer))
+        per_var = [next(reg) if iv.kind == "S" else (const(0), iv.extent) for iv in block.iter_vars]
+        new_nest = self._region_nest(block, per_var)
         self._remove_nest(block)
         self._insert_in_loop(loop, new_nest, consumers, before=True)
         self._log(f"compute_at({block.name}, {loop.var.name})")
 
     def reverse_compute_at(self, block: Block, loop: For) -> None:
-        """Move a consumer under ``loop`` so it handles exactly the region its producers there write."""
+        """Move a consumer under ``loop`` so it handles exactly the region its producers there write.
+        The consumer must read that buffer at a permutation of its own iteration variables; reduction
+        variables of the consumer must cover their whole extent in that region."""
         self._check_loop(loop)
-        if block.is_reduction:
-            raise ScheduleError(f"reverse_compute_at: block {block.name} is a reduction")
         ins = [b for b in A.reads(block) if self.producers(b)]
         loop_blocks = {id(b) for b in A.blocks_under(loop)}
         srcs = [b for b in ins if any(id(p) in loop_blocks for p in self.producers(b))]
@@ -422,15 +423,20 @@ class Schedule:
             raise ScheduleError(
                 f"reverse_compute_at: block {block.name} is already inside loop {loop.var.name}"
             )
-        st = self._single_store(block, "reverse_compute_at")
-        src_loads = [ld for ld in walk(st.value) if isinstance(ld, Load) and ld.buffer is src]
+        src_loads = [ld for ld in A.block_loads(block) if ld.buffer is src]
         ivars = [iv.var for iv in block.iter_vars]
-        if any(
-            len(ld.indices) != len(ivars) or any(i is not v for i, v in zip(ld.indices, ivars))
-            for ld in src_loads
+        first = src_loads[0].indices
+        dim_of: dict[int, int] = {}
+        for d, i in enumerate(first):
+            if isinstance(i, Var) and i in ivars and i.uid not in dim_of:
+                dim_of[i.uid] = d
+        if (
+            len(dim_of) != len(ivars)
+            or len(first) != len(ivars)
+            or any(any(x is not y for x, y in zip(ld.indices, first)) for ld in src_loads)
         ):
             raise ScheduleError(
-                f"reverse_compute_at: block {block.name} must read {src.name} at its iteration indices"
+                f"reverse_compute_at: block {block.name} must read {src.name} at a permutation of its iteration vars"
             )
         outer_loops = [*self.get_loops(loop), loop]
         outer = A.loop_ranges(outer_loops)
@@ -439,7 +445,16 @@ class Schedule:
             inner.update(A.loop_ranges(lp for lp in self.get_loops(p) if lp not in outer_loops))
             accesses += A.accesses_in_loop_vars(p, src, "w")
         reg = A.region(accesses, src.shape, inner, outer)
-        new_nest = self._region_nest(block, reg, src)
+        per_var = []
+        for iv in block.iter_vars:
+            start, ext = reg[dim_of[iv.var.uid]]
+            if iv.kind == "R" and ext != iv.extent:
+                raise ScheduleError(
+                    f"reverse_compute_at: reduction variable {iv.var.name} of block {block.name} would see only "
+                    f"part of {src.name} under loop {loop.var.name}"
+                )
+            per_var.append((start, ext))
+        new_nest = self._region_nest(block, per_var)
         self._remove_nest(block)
         self._insert_in_loop(loop, new_nest, producers, before=False)
         self._log(f"reverse_compute_at({block.name}, {loop.var.name})")
@@ -452,30 +467,23 @@ class Schedule:
                     f"{what}: block {block.name} must store {buf.name} at its spatial iteration vars"
                 )
 
-    def _region_nest(self, block: Block, reg: list[tuple[Expr, int]], buf: Buffer) -> Stmt:
-        """Rebuild ``block``'s loops to cover ``reg`` of its spatial domain (reduce loops stay whole)."""
+    def _region_nest(self, block: Block, per_var: list[tuple[Expr, int]]) -> Stmt:
+        """Rebuild ``block``'s loops so iteration variable k covers [start_k, start_k + extent_k)."""
         loops: list[tuple[Var, int]] = []
         bindings: list[Expr] = []
         preds: list[Expr] = []
-        sdim = 0
-        for iv in block.iter_vars:
-            if iv.kind == "S":
-                start, ext = reg[sdim]
-                if ext == 1:
-                    value = start
-                else:
-                    lv = Var(f"ax{sdim}")
-                    loops.append((lv, ext))
-                    value = start + lv
-                sdim += 1
-                bindings.append(simplify(value))
-                if not (isinstance(start, Const) and start.value == 0 and ext == buf.shape[sdim - 1]):
-                    preds.append(value.ge(0))
-                    preds.append(value.lt(iv.extent))
+        for d, (iv, (start, ext)) in enumerate(zip(block.iter_vars, per_var)):
+            whole = isinstance(start, Const) and start.value == 0 and ext == iv.extent
+            if ext == 1:
+                value = start
             else:
-                lv = Var(f"{iv.var.name}_l")
-                loops.append((lv, iv.extent))
-                bindings.append(lv)
+                lv = Var(f"ax{d}" if iv.kind == "S" else f"{iv.var.name}_l")
+                loops.append((lv, ext))
+                value = start + lv if not (isinstance(start, Const) and start.value == 0) else lv
+            bindings.append(simplify(value))
+            if not whole:
+                preds.append(value.ge(0))
+                preds.append(value.lt(iv.extent))
         block.bindings = bindings
         block.predicate = logical_and(*preds) if preds else None
         stmt: Stmt = block

@@ -236,7 +236,10 @@ class ReductionSketch(Sketch):
         rf = sch.rfactor(kf)
         wb = sch.get_block(b.name)
         if row is not None:
-            sch.compute_at(wb, row)
+            if sch.consumers(A.writes(wb)[0]):
+                sch.compute_at(wb, row)
+            else:  # the reduction is the group's output: place the write-back after its partials
+                sch.reverse_compute_at(wb, row)
         rloops = sch.get_loops(rf)
         kf_loop = next(lp for lp in rloops if lp.var is kf.var)
         ko_loop = next(lp for lp in rloops if lp.var is ko.var)
