@@ -153,6 +153,14 @@ def test_cast(to):
     check_model(m, feeds={"x": w(3, 7, scale=3)})
 
 
+def test_cast_like_and_runtime_conv_weight():
+    m = single_op(
+        "CastLike", [("x", [3, 4], F32), ("t", [1], TensorProto.INT32)], out_elem=TensorProto.INT32, opset=15
+    )
+    check_model(m, feeds={"x": w(3, 4, scale=4), "t": np.zeros(1, np.int32)})
+    check_model(single_op("Conv", [("x", [1, 2, 6, 6], F32), ("k", [3, 2, 3, 3], F32)], pads=[1, 1, 1, 1]))
+
+
 def test_cast_to_same_type_is_identity():
     g = check_model(single_op("Cast", [("x", [3], F32)], to=F32))
     assert not g.nodes
@@ -342,6 +350,7 @@ def test_layer_normalization(opset, axis, bias):
 
 # ------------------------------------------------------------------- reductions
 REDUCERS = [
+    "ReduceL1",
     "ReduceMean",
     "ReduceSum",
     "ReduceMax",
