@@ -190,6 +190,7 @@ class TuningDatabase:
         self._url = url
         self._workload_ids: dict[str, int] = {}
         self._target_ids: dict[str, int] = {}
+        self._run_ids: set[int] = set()
 
     # -- opening and closing ---------------------------------------------------------------------------
 
@@ -371,6 +372,12 @@ class TuningDatabase:
         if status is Status.OK and not latencies:
             raise InvalidRecordError(f"{where}: an ok record needs at least one latency")
         error = clean_text(str(rec.error), MAX_ERROR_CHARS) if rec.error is not None else None
+        if rec.run_id is not None and rec.run_id not in self._run_ids:
+            from sqlalchemy import select
+
+            if conn.execute(select(RunRow.id).where(RunRow.id == rec.run_id)).scalar() is None:
+                raise UnknownKeyError(f"{where}: run {rec.run_id} is not in {self.url}; begin_run() it first")
+            self._run_ids.add(rec.run_id)
         config_json = canonical_json(rec.config)
         latencies_json = canonical_json(latencies) if latencies is not None else None
         created_at = utc_now()

@@ -207,3 +207,21 @@ def test_read_only_file_in_read_only_directory() -> None:
     finally:
         os.chmod(directory, 0o755)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_missing_postgresql_binaries_fail_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without initdb/pg_ctl the PostgreSQL fixture fails with this message (it never skips silently)."""
+    from db import testing
+
+    monkeypatch.setattr(testing.shutil, "which", lambda name: None)
+    monkeypatch.setattr(testing.glob, "glob", lambda pattern: [])
+    with pytest.raises(testing.PostgresUnavailableError, match=r"initdb, pg_ctl, postgres.*install"):
+        testing.TemporaryPostgres()
+
+
+def test_unknown_run_id_is_a_clear_error(tmp_path: Path) -> None:
+    with TuningDatabase.open(f"sqlite:///{tmp_path / 'k.db'}") as db:
+        keys = add_basics(db)
+        with pytest.raises(DatabaseError, match=r"run 42 is not in .*begin_run"):
+            db.commit_record(rec(keys[0], run_id=42))
+        assert db.count_records() == 0
