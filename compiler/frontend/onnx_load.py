@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from compiler.frontend.onnx_common import (
     DEFAULT_DOMAINS,
@@ -24,12 +26,15 @@ from compiler.frontend.onnx_common import (
 
 @dataclass
 class LoadedModel:
-    """A parsed model with its label (the file path, for messages), opsets and sorted nodes."""
+    """A checked model: the shape-inferred graph (``model``, whose large initializers are replaced by
+    typed inputs), the original ``initializers``, its label (the file path, for messages), opsets and
+    topologically sorted nodes."""
 
     model: Any  # onnx.ModelProto
     label: str
     opsets: dict[str, int]
     nodes: list[OnnxNode]
+    initializers: list[Any] = field(default_factory=list)  # onnx.TensorProto
 
     @property
     def opset(self) -> int:
@@ -40,7 +45,21 @@ class LoadedModel:
 
 
 def read_model(path_or_model: Any) -> tuple[Any, str]:
-    """Parse a path, bytes or ModelProto into a ModelProto and a label naming it for messages."""
+    """Parse a path, bytes or ModelProto into a ModelProto (local functions inlined) and a label naming
+    it for messages."""
+    import onnx
+    import onnx.inliner
+
+    model, label = _parse(path_or_model)
+    if model.functions:  # model-local functions (newer exporters): inline them into the graph
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as exc:  # the inliner raises several types on malformed functions
+            raise OnnxImportError(f"{label}: cannot inline the model's local functions: {exc}") from None
+    return model, label
+
+
+def _parse(path_or_model: Any) -> tuple[Any, str]:
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -60,14 +79,13 @@ def read_model(path_or_model: Any) -> tuple[Any, str]:
     if not os.path.isfile(label):
         raise OnnxImportError(f"{label}: not a file (an ONNX model is a single .onnx file)")
     try:
-        model = onnx.load(label)
+        return onnx.load(label), label
     except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
         raise OnnxImportError(
             f"{label}: cannot parse the file as an ONNX model (truncated or not ONNX): {exc}"
         ) from None
     except OSError as exc:  # external data that is missing or unreadable
         raise OnnxImportError(f"{label}: cannot read the model or its external data: {exc}") from None
-    return model, label
 
 
 def check_opsets(model: Any, label: str) -> dict[str, int]:
@@ -129,21 +147,24 @@ def sort_nodes(model: Any, label: str) -> list[OnnxNode]:
             problems.append(f"graph output '{out.name}' is not defined by any node, input or initializer")
     if problems:
         raise OnnxImportError(f"{label}: malformed graph:\n  " + "\n  ".join(problems))
-    # Kahn's algorithm: ONNX requires sorted nodes, but exporters do not always comply; a cycle is an error.
+    # ONNX requires sorted nodes, but exporters do not always comply: repeat in-order sweeps (one sweep for
+    # a sorted graph); a sweep that places nothing means a cycle.
     ready = set(available)
     pending, ordered = nodes, []
     while pending:
-        rest = [n for n in pending if not all(i in ready for i in n.inputs)]
-        done = [n for n in pending if all(i in ready for i in n.inputs)]
-        if not done:
+        rest = []
+        for n in pending:
+            if all(i in ready for i in n.inputs):
+                ready.update(n.outputs)
+                ordered.append(n)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
             shown = ", ".join(n.describe() for n in rest[:8])
             more = f" and {len(rest) - 8} more" if len(rest) > 8 else ""
             raise OnnxImportError(
                 f"{label}: the graph has a cycle: these nodes wait on each other: {shown}{more}"
             )
-        for n in done:
-            ready.update(n.outputs)
-        ordered.extend(done)
         pending = rest
     return ordered
 
@@ -183,9 +204,9 @@ def _reference_has(op: str) -> bool:
     return True
 
 
-def graph_inputs(model: Any) -> list[Any]:
+def graph_inputs(model: Any, initializers: set[str] | None = None) -> list[Any]:
     """Graph inputs that are real inputs (old exporters also list initializers as inputs)."""
-    inits = {t.name for t in model.graph.initializer}
+    inits = {t.name for t in model.graph.initializer} if initializers is None else initializers
     return [v for v in model.graph.input if v.name not in inits]
 
 
@@ -204,12 +225,15 @@ def dims_of(value_info: Any) -> list[int | str | None]:
 
 
 def fix_input_shapes(
-    model: Any, label: str, input_shapes: Mapping[str, Sequence[int]] | None
+    model: Any,
+    label: str,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    initializers: set[str] | None = None,
 ) -> list[tuple[str, tuple[int, ...], str]]:
     """Make every graph input static (in place) from its declared dims and ``input_shapes``; return
     (name, shape, dtype) per input. Dynamic dims without a given shape are reported all at once."""
     input_shapes = dict(input_shapes or {})
-    inputs = graph_inputs(model)
+    inputs = graph_inputs(model, initializers)
     names = [v.name for v in inputs]
     unknown = sorted(set(input_shapes) - set(names))
     if unknown:
@@ -323,6 +347,32 @@ def inferred_types(model: Any) -> dict[str, tuple[tuple[int, ...] | None, int]]:
     return out
 
 
+SMALL_INITIALIZER = 4096  # elements; shape inference sees the values of initializers up to this size
+
+
+def _light_model(model: Any, nodes: Sequence[OnnxNode]) -> Any:
+    """A copy of the model for shape inference and the checker: sorted nodes, only small initializers
+    (shape inference needs the values of shape tensors, never of weights; copying and serializing the
+    weights would dominate import time)."""
+    import onnx
+
+    light = onnx.ModelProto()
+    for name in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, name, getattr(model, name))
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g, src = light.graph, model.graph
+    g.name = src.name
+    g.node.extend(n.proto for n in nodes)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    for t in src.initializer:
+        if int(np.prod(t.dims, dtype=np.int64)) <= SMALL_INITIALIZER:
+            g.initializer.append(t)
+    return light
+
+
 def load_checked(
     path_or_model: Any, input_shapes: Mapping[str, Sequence[int]] | None
 ) -> tuple[LoadedModel, list[tuple[str, tuple[int, ...], str]]]:
@@ -340,13 +390,19 @@ def load_checked(
         raise OnnxImportError(
             f"{label}: {len(bad)} node(s) use ops Kiln cannot import ({', '.join(ops)}):\n  {listing}"
         )
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    inputs = fix_input_shapes(copy, label, input_shapes)
-    del copy.graph.node[:]
-    copy.graph.node.extend(n.proto for n in nodes)  # sorted, so the checker accepts exporters' order
-    inferred = check_and_infer(copy, label)
+    init_names = {t.name for t in model.graph.initializer}
+    light = _light_model(model, nodes)
+    inputs = fix_input_shapes(light, label, input_shapes, init_names)
+    declared = {v.name for v in light.graph.input} | {t.name for t in light.graph.initializer}
+    for t in model.graph.initializer:  # large weights enter inference as typed inputs, not as data
+        if t.name not in declared:
+            light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    inferred = check_and_infer(light, label)
     loaded = LoadedModel(
-        inferred, label, opsets, [OnnxNode.from_proto(p, i) for i, p in enumerate(inferred.graph.node)]
+        inferred,
+        label,
+        opsets,
+        [OnnxNode.from_proto(p, i) for i, p in enumerate(inferred.graph.node)],
+        list(model.graph.initializer),
     )
     return loaded, inputs

@@ -575,3 +575,27 @@ def test_shape_subgraph_folds():
     m = make_model(nodes, [tinfo("x", [3, 4, 8])], [tinfo("y", [3, 2, 4, 4])], inits)
     g = check_model(m)
     assert ops_of(g) == {"reshape", "transpose", "multiply"}
+
+
+def test_model_local_functions_are_inlined():
+    fn = helper.make_function(
+        "local",
+        "Swish",
+        ["a"],
+        ["b"],
+        [helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Mul", ["a", "s"], ["b"])],
+        [helper.make_opsetid("", 13)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Swish", ["x"], ["y"], domain="local")],
+        "g",
+        [tinfo("x", [3, 4])],
+        [tinfo("y", [3, 4])],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("local", 1)],
+        functions=[fn],
+        ir_version=8,
+    )
+    assert ops_of(check_model(model)) == {"silu"}
