@@ -174,11 +174,11 @@ static inline VF kiln_tanhSFX(VF x) {
   p = p * z + -5.372913182e-02f;
   p = p * z + 1.333132088e-01f;
   p = p * z + -3.333327770e-01f;
-  VF small = x + x * z * p;
+  VF small = ax + ax * z * p;
   VF e = kiln_expSFX(ax + ax);
   VF big = 1.0f - 2.0f / (e + 1.0f);
-  big = ASF(ASU(big) | (ASU(x) & 0x80000000u));
-  return SEL(ax < 0.625f, small, big);
+  VF r = SEL(ax < 0.625f, small, big);
+  return ASF(ASU(r) | (ASU(x) & 0x80000000u));
 }
 """,
     "sigmoid": """\
@@ -202,7 +202,7 @@ static inline VF kiln_erfSFX(VF x) {
   p = p * z + 1.128357872e-01f;
   p = p * z + -3.761262596e-01f;
   p = p * z + 1.283791661e-01f;
-  VF small = x + x * p;
+  VF small = ax + ax * p;
   VF a = SEL(ax > 4.0f, SPLAT(4.0f), ax);
   VF e = kiln_expSFX(-(a * a));
   VF u = a - 2.5f;
@@ -216,8 +216,8 @@ static inline VF kiln_erfSFX(VF x) {
   q = q * u + -7.434227318e-02f;
   q = q * u + 2.108076960e-01f;
   VF big = 1.0f - e * q;
-  big = ASF(ASU(big) | (ASU(x) & 0x80000000u));
-  return SEL(ax < 1.0f, small, big);
+  VF r = SEL(ax < 1.0f, small, big);
+  return ASF(ASU(r) | (ASU(x) & 0x80000000u));
 }
 """,
 }
