@@ -260,7 +260,10 @@ def export_jsonl(
     if not isinstance(dest, str | Path):
         return _write_lines(items, dest)
     path = Path(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise DatabaseError(f"cannot write export file {str(path)!r}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as raw:
             stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if path.suffix == ".gz" else raw

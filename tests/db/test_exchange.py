@@ -274,3 +274,8 @@ def test_fingerprint_is_stable(db: TuningDatabase) -> None:
     assert a == record_fingerprint("w", "cpu/x", "pointwise", 1, '{"v":1}', "[1.0,3.0]", "ok", t)
     assert a != record_fingerprint("w", "cpu/x", "pointwise", 2, '{"v":1}', "[1.0,3.0]", "ok", t)
     assert len(a) == 64
+
+
+def test_export_to_a_missing_directory(db: TuningDatabase, tmp_path: Path) -> None:
+    with pytest.raises(DatabaseError, match="cannot write export file"):
+        db.export_jsonl(tmp_path / "no" / "such" / "dir" / "x.jsonl")
