@@ -1,6 +1,8 @@
 """Kiln tuning database (SQLAlchemy 2): every measurement, the best record per kernel and target.
 
-- ``database``: :class:`~db.database.TuningDatabase` (open, commit, best, top_k, records, coverage, ...)
+- ``database``: :class:`~db.database.TuningDatabase` (open, commit, best, top_k, records, coverage, ...),
+  assembled from ``core`` (connections, keys), ``queries`` (the read side) and ``aux_tables`` (runs, model
+  tasks, fusion plans, features)
 - ``records``: the plain dataclasses that cross the boundary (``RecordIn``, ``Record``, ``ImportStats``)
 - ``status``: :class:`~db.status.Status` (ok, compile_error, runtime_error, timeout, wrong_result,
   invalid_config)
