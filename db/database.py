@@ -240,16 +240,16 @@ class TuningDatabase(QueryMixin, AuxTablesMixin):
 
         A malformed line aborts the import (nothing is written) with an error naming the line.
         """
-        from db import exchange
+        from db import importer
 
-        return exchange.import_jsonl(self, src)
+        return importer.import_jsonl(self, src)
 
     def merge_from(self, other_url: str) -> ImportStats:
         """Copy every record (and workload, target, run, model task, fusion plan) of another database
         into this one, skipping duplicates. The other database is opened read-only and not modified."""
-        from db import exchange
+        from db import importer
 
-        return exchange.merge_from(self, other_url)
+        return importer.merge_from(self, other_url)
 
     def prune(self, keep_top_k: int, *, keep_errors: bool = True) -> int:
         """Keep the ``keep_top_k`` best ok records per (workload, target); return how many were deleted.
