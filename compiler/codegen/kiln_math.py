@@ -29,6 +29,12 @@ extern void abort(void);
 
 static inline uint32_t kiln_bits_f32(float x) { uint32_t u; __builtin_memcpy(&u, &x, 4); return u; }
 static inline float kiln_f32_bits(uint32_t u) { float x; __builtin_memcpy(&x, &u, 4); return x; }
+/* a branch-free select for the scalar math forms: a ternary lets gcc sink work into branches, which then
+   blocks auto-vectorization of loops calling these functions */
+static inline float kiln_sel_f32(int32_t c, float a, float b) {
+  uint32_t m = -(uint32_t)(c != 0);
+  return kiln_f32_bits((kiln_bits_f32(a) & m) | (kiln_bits_f32(b) & ~m));
+}
 """
 
 # scalar helpers for each C type: min/max (a > b ? a : b: vectorizes to maxps; NaN in `a` is not
@@ -139,8 +145,11 @@ static inline VF kiln_expSFX(VF x) {
     "log": """\
 /* log(x) = e*ln2 + log1p(f), x = 2^e * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)). */
 static inline VF kiln_logSFX(VF x) {
-  VI sub = x < 1.17549435e-38f;
-  VF xs = SEL(sub, x * 8388608.0f, x);
+  /* special cases are tested on the bits: integer compares cannot trap, so gcc if-converts the scalar form */
+  VU u = ASU(x);
+  VI sub = u < 0x00800000u;
+  VF xm = x * 8388608.0f;
+  VF xs = SEL(sub, xm, x);
   VU t = ASU(xs) - 0x3f3504f3u;
   VI e = ((VI)t) >> 23;
   VF f = ASF((t & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
@@ -159,9 +168,9 @@ static inline VF kiln_logSFX(VF x) {
   y = y - 0.5f * z;
   VF r = f + y;
   r = r + ef * 6.93359375e-01f;
-  r = SEL(x == __builtin_inff(), x, r);
-  r = SEL(x == 0.0f, SPLAT(-__builtin_inff()), r);
-  return SEL(x >= 0.0f, r, SPLAT(__builtin_nanf("")));
+  r = SEL(u == 0x7f800000u, x, r);
+  r = SEL(u <= 0x7f800000u, r, SPLAT(__builtin_nanf("")));
+  return SEL((u & 0x7fffffffu) == 0, SPLAT(-__builtin_inff()), r);
 }
 """,
     "tanh": """\
@@ -230,7 +239,7 @@ def _render(template: str, width: int) -> str:
             "VU": "uint32_t",
             "VI": "int32_t",
             "SFX": "f",
-            "SEL(": "KILN_SEL1(",
+            "SEL(": "kiln_sel_f32(",
             "SPLAT(": "(",
             "ASU(": "kiln_bits_f32(",
             "ASF(": "kiln_f32_bits(",
@@ -278,7 +287,7 @@ class Prelude:
         return f"kiln_{name}f" if width == 1 else f"kiln_{name}_f32x{width}"
 
     def render(self) -> str:
-        parts = [_HEADER, "#define KILN_SEL1(m, a, b) ((m) ? (a) : (b))\n"]
+        parts = [_HEADER]
         for s, t in _SCALAR_TYPES.items():
             parts.append(_MINMAX.format(T=t, s=s))
             if s in ("f32", "f64"):
