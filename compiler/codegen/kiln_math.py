@@ -126,7 +126,6 @@ static inline VF kiln_expSFX(VF x) {
   xc = SEL(xc < -104.0f, SPLAT(-104.0f), xc);
   VF t = xc * 1.44269502e+00f + 12582912.0f;
   VF n = t - 12582912.0f;
-  VI ni = (VI)(ASU(t) - 0x4b400000u);
   VF r = xc - n * 6.93359375e-01f;
   r = r - n * -2.12194440e-04f;
   VF p = SPLAT(1.382046845e-03f);
@@ -135,12 +134,7 @@ static inline VF kiln_expSFX(VF x) {
   p = p * r + 1.666651666e-01f;
   p = p * r + 4.999999404e-01f;
   p = 1.0f + r + (r * r) * p;
-  VI n1 = ni >> 1;
-  VI n2 = ni - n1;
-  VF s1 = ASF((VU)(n1 + 127) << 23);
-  VF s2 = ASF((VU)(n2 + 127) << 23);
-  return (p * s1) * s2;
-}
+SCALE_BLOCK}
 """,
     "log": """\
 /* log(x) = e*ln2 + log1p(f), x = 2^e * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)). */
@@ -232,7 +226,32 @@ static inline VF kiln_erfSFX(VF x) {
 }
 
 
+# 2^n applied to p: in two halves (portable), or with AVX-512's vscalefps, which scales by a float exponent
+# with correct overflow / subnormal rounding in one instruction.
+_SCALE_PORTABLE = """\
+  VI ni = (VI)(ASU(t) - 0x4b400000u);
+  VI n1 = ni >> 1;
+  VI n2 = ni - n1;
+  VF s1 = ASF((VU)(n1 + 127) << 23);
+  VF s2 = ASF((VU)(n2 + 127) << 23);
+  return (p * s1) * s2;
+"""
+_SCALEF = {
+    16: ("__AVX512F__", "__builtin_ia32_scalefps512_mask(p, n, p, (unsigned short)0xffff, 4)"),
+    8: ("__AVX512VL__", "__builtin_ia32_scalefps256_mask(p, n, p, (unsigned char)0xff)"),
+    4: ("__AVX512VL__", "__builtin_ia32_scalefps128_mask(p, n, p, (unsigned char)0xff)"),
+}
+
+
+def _scale_block(width: int) -> str:
+    if width not in _SCALEF:
+        return _SCALE_PORTABLE
+    macro, call = _SCALEF[width]
+    return f"#if defined({macro})\n  return {call};\n#else\n{_SCALE_PORTABLE}#endif\n"
+
+
 def _render(template: str, width: int) -> str:
+    template = template.replace("SCALE_BLOCK", _scale_block(width))
     if width == 1:
         subs = {
             "VF": "float",
