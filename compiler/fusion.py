@@ -89,7 +89,7 @@ def fusion_edges(graph: Graph) -> list[FusionEdge]:
             rule = _edge_rule(p, c)
             if rule is None:
                 continue
-            default = rule not in ("pool_prologue", "contract_prologue")
+            default = rule != "pool_prologue"
             edges.append(FusionEdge(f"e{numbers[id(p)]}_{numbers[id(c)]}", p, c, default, rule))
     return edges
 
@@ -102,8 +102,8 @@ def _edge_rule(p: Node, c: Node) -> str | None:
         return "elementwise"
     if pc == "ew" and cc == "reduce":
         return "reduce_prologue"
-    if pc == "ew" and cc == "contract":
-        return "layout_prologue" if p.op in LAYOUT_OPS else "contract_prologue"
+    if pc == "ew" and cc == "contract":  # only pure index remaps: anything else would be recomputed per tile
+        return "layout_prologue" if p.op in LAYOUT_OPS else None
     if pc == "ew" and cc == "pool":
         return "pool_prologue"
     if pc == "reduce" and cc == "ew":
@@ -279,6 +279,11 @@ def group_problem(nodes: list[Node]) -> str | None:
             ):
                 return f"{n.name} ({n.op}) after a reduction leaves the reduction's row space"
     anchor = (contracts or pools or [None])[0]
+    if contracts:
+        upstream = [n for n in nodes if n is not anchor and n not in _downstream([anchor], nodes, inside)]
+        for n in upstream:
+            if n.op not in LAYOUT_OPS:
+                return f"{n.name} ({n.op}) would be recomputed inside {anchor.op}: only layout ops fuse before it"
     if anchor is not None:
         for n in _downstream([anchor], nodes, inside):
             if get_op(n.op).kind == PatternKind.Injective or n.output.shape != anchor.output.shape:
@@ -410,3 +415,19 @@ def _external_inputs(
 def estimate_cost(group: Group) -> float:
     """A crude roofline-style weight used only for ordering and display."""
     return max(group.flops / 1e11, group.bytes / 3e10) * 1e6 + math.log1p(len(group.nodes))
+
+
+def group_from_workload(canonical: dict | str, index: int = 0) -> Group:
+    """Rebuild a group from its stored workload JSON (``Group.canonical()``), e.g. to validate a
+    database record's config against the sketch's space. Raises KilnError if it does not round-trip."""
+    data = json.loads(canonical) if isinstance(canonical, str) else canonical
+    if not isinstance(data, dict) or data.get("v") != WORKLOAD_VERSION or "graph" not in data:
+        raise KilnError(f"workload JSON is not a version-{WORKLOAD_VERSION} Kiln workload")
+    sub = Graph.from_canonical(data["graph"], name=f"g{index}")
+    nodes = [n for n in sub.nodes if n.op != "constant"]
+    constants = [n for n in sub.nodes if n.op == "constant"]
+    anchor = next((n for n in nodes if category(n) in ("contract", "pool")), None)
+    if anchor is None:
+        anchor = next((n for n in nodes if category(n) == "reduce"), None)
+    group = Group(index, data["kind"], nodes, list(sub.inputs), list(sub.outputs), anchor, constants)
+    return group

@@ -569,10 +569,12 @@ def _batch_norm(ex: _Exporter, node: Node, ins: list[str], out: str) -> None:
 @_handles("matmul")
 def _matmul(ex: _Exporter, node: Node, ins: list[str], out: str) -> None:
     ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
-    if ta or tb:
+    if node.inputs[0].type.rank == 2 and (ta or tb):
         ex.emit("Gemm", ins, out, transA=int(ta), transB=int(tb))
+    elif tb and node.inputs[1].kind == "param" and not ta:  # A may have leading dims: MatMul with W^T
+        ex.emit("MatMul", [ins[0], ex.transposed_param(node.inputs[1])], out)
     else:
-        ex.emit("MatMul", ins, out)
+        _batch_matmul(ex, node, ins, out)
 
 
 def _swap_last(rank: int) -> list[int]:

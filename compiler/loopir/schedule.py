@@ -586,6 +586,62 @@ class Schedule:
         buffer.shape = tuple(new_shape)
         self._log(f"transform_layout({buffer.name}, {list(old_shape)} -> {list(new_shape)})")
 
+    def pad(self, block: Block, loop: For, fill: float | None = None) -> None:
+        """Let ``block`` run the whole padded range of ``loop`` (TVM's pad_einsum): the guard conjuncts
+        that mention ``loop`` are removed, and every intermediate buffer the block indexes through
+        ``loop`` grows to cover the padded range. Reading a function parameter through ``loop`` needs
+        ``fill``: the stored value becomes ``select(guard, value, fill)`` so the padding holds ``fill``
+        and nothing is read out of bounds. Writing a function parameter through ``loop`` is illegal."""
+        from compiler.loopir.expr import select
+
+        self._check_loop(loop)
+        if block not in A.blocks_under(loop):
+            raise ScheduleError(f"pad: loop {loop.var.name} does not contain block {block.name}")
+        conj = _conjuncts(block.predicate) if block.predicate is not None else []
+        removed = [c for c in conj if loop.var in free_vars(c)]
+        if not removed:
+            raise ScheduleError(f"pad: block {block.name} has no guard on loop {loop.var.name}")
+        kept = [c for c in conj if loop.var not in free_vars(c)]
+        bind = A.binding_map(block)
+        loops = self.get_loops(block)
+        ranges = A.loop_ranges(loops)
+        param_reads = False
+        grow: dict[int, tuple[Buffer, list[int]]] = {}
+        accesses = [(st.buffer, st.indices, True) for st in A.block_stores(block)]
+        accesses += [(ld.buffer, ld.indices, False) for ld in A.block_loads(block)]
+        for buf, idx, is_store in accesses:
+            full = [substitute(i, bind) for i in idx]
+            if not any(loop.var in free_vars(i) for i in full):
+                continue
+            if self._is_param(buf):
+                if is_store:
+                    raise ScheduleError(
+                        f"pad: block {block.name} writes function output {buf.name} through "
+                        f"loop {loop.var.name}"
+                    )
+                param_reads = True
+                continue
+            entry = grow.setdefault(buf.uid, (buf, list(buf.shape)))
+            for d, e in enumerate(full):
+                from compiler.loopir.simplify import bound
+
+                b = bound(simplify(e, ranges), ranges)
+                if b is None:
+                    raise ScheduleError(f"pad: cannot bound index {d} of {buf.name} in block {block.name}")
+                entry[1][d] = max(entry[1][d], b[1] + 1)
+        if param_reads:
+            if fill is None:
+                raise ScheduleError(
+                    f"pad: block {block.name} reads a function parameter through loop {loop.var.name}; give fill"
+                )
+            st = self._single_store(block, "pad")
+            cond = _in_iter_vars(block, logical_and(*removed))
+            st.value = select(cond, st.value, fill)
+        for buf, shape in grow.values():
+            buf.shape = tuple(shape)
+        block.predicate = logical_and(*kept) if kept else None
+        self._log(f"pad({block.name}, {loop.var.name}" + (f", fill={fill}" if fill is not None else "") + ")")
+
     def rfactor(self, loop: For, factor_axis: int = 0) -> Block:
         """Turn the reduction driven by ``loop`` into a spatial axis of a partial-result buffer; a
         write-back block then reduces the partial results. Returns the rfactor block."""
@@ -713,6 +769,28 @@ def _subst_stmt(s: Stmt, mapping: dict[Var, Expr]) -> Stmt:
     return BufferStore(
         s.buffer, tuple(substitute(i, mapping) for i in s.indices), substitute(s.value, mapping)
     )
+
+
+def _in_iter_vars(block: Block, guard: Expr) -> Expr:
+    """Rewrite a guard over loop variables in terms of the block's iteration variables, by matching
+    each binding expression structurally (guards are built from the bindings)."""
+    from compiler.loopir.expr import children, rebuild
+    from compiler.loopir.simplify import key
+
+    by_key = {key(simplify(e)): iv.var for iv, e in zip(block.iter_vars, block.bindings)}
+    by_key.update({key(e): iv.var for iv, e in zip(block.iter_vars, block.bindings)})
+
+    def swap(e: Expr) -> Expr:  # pre-order: the largest matching sub-expression wins
+        hit = by_key.get(key(e))
+        return hit if hit is not None else rebuild(e, [swap(c) for c in children(e)])
+
+    out = swap(guard)
+    loop_vars = {v for e in block.bindings for v in free_vars(e)}
+    if free_vars(out) & loop_vars:
+        raise ScheduleError(
+            f"pad: the guard of block {block.name} is not a condition on its iteration variables"
+        )
+    return out
 
 
 def _conjuncts(e: Expr) -> list[Expr]:

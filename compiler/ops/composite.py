@@ -208,12 +208,11 @@ def _linear_infer(types: list[TensorType], attrs: dict) -> TensorType:
 
 
 def _linear_decompose(b: GraphBuilder, x: Value, w: Value, bias: Value | None = None) -> Value:
-    lead = x.shape[:-1]
-    x2 = x if len(x.shape) == 2 else b.reshape(x, (math.prod(lead), x.shape[-1]))
-    y = b.matmul(x2, w, transpose_b=True)
+    x2 = x if len(x.shape) >= 2 else b.reshape(x, (1, x.shape[-1]))
+    y = b.matmul(x2, w, transpose_b=True)  # matmul takes leading dims on A: no reshapes around it
     if bias is not None:
         y = b.add(y, _bcast(b, bias, y.shape))
-    return y if len(x.shape) == 2 else b.reshape(y, (*lead, w.shape[0]))
+    return y if len(x.shape) >= 2 else b.reshape(y, (w.shape[0],))
 
 
 def _linear_ref(x, w, bias=None):

@@ -29,12 +29,15 @@ def _check_k(op: str, a: TensorType, b: TensorType, attrs: dict) -> tuple[int, i
 
 def _matmul_infer(types: list[TensorType], attrs: dict) -> TensorType:
     a, b = types
-    if a.rank != 2 or b.rank != 2:
-        raise OpTypeError(f"matmul needs rank-2 operands, got {a} and {b}; use batch_matmul for batches")
+    if a.rank < 2 or b.rank != 2:
+        raise OpTypeError(
+            f"matmul needs A of rank >= 2 and a rank-2 B ([..., M, K] @ [K, N]), got {a} and {b}; "
+            "use batch_matmul when B has batch dimensions"
+        )
     dtype = same_dtype("matmul", types)
     require_float("matmul", a)
     m, n = _check_k("matmul", a, b, attrs)
-    return TensorType((m, n), dtype)
+    return TensorType((*a.shape[:-2], m, n), dtype)
 
 
 def _batch_matmul_infer(types: list[TensorType], attrs: dict) -> TensorType:
@@ -65,7 +68,8 @@ for _name, _infer in (("matmul", _matmul_infer), ("batch_matmul", _batch_matmul_
             _infer,
             _matmul_ref,
             attrs=MATMUL_ATTRS,
-            doc="A @ B with optional transposes" + (" over broadcast batch dims" if _name[0] == "b" else ""),
+            doc="A @ B with optional transposes (of the last two axes); "
+            + ("batch dims broadcast" if _name[0] == "b" else "A may have leading dims, B is rank 2"),
         )
     )
 

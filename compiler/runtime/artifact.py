@@ -68,6 +68,7 @@ def save(model: CompiledModel, directory: Path) -> Path:
         "input_names": model.input_names,
         "outputs": model.outputs,
         "memory_plan": model.plan.summary(),
+        "meta": model.meta,
     }
     _write(directory / "model.c", source)
     tmp_so = directory / ".model.so.tmp"
@@ -118,10 +119,7 @@ def load(directory: Path, num_threads: int | None = None) -> CompiledModel:
         name=manifest["name"],
         target=Target.from_json(manifest["target"]),
         source=source,
-        kernels=[
-            KernelInfo(k["name"], k.get("workload_key"), k.get("sketch"), k.get("config") or {})
-            for k in manifest["kernels"]
-        ],
+        kernels=[KernelInfo.from_json(k) for k in manifest["kernels"]],
         buffers=[BufferSpec.from_json(b) for b in manifest["buffers"]],
         launches=[Launch(x["kernel"], x["args"]) for x in manifest["launches"]],
         params=params,
@@ -130,4 +128,5 @@ def load(directory: Path, num_threads: int | None = None) -> CompiledModel:
         outputs=manifest["outputs"],
         num_threads=num_threads,
         library=library,
+        meta=manifest.get("meta") or {},
     )

@@ -38,14 +38,22 @@ class KernelInfo:
     workload_key: str | None = None
     sketch: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # origin, sketch_version, group kind, ops
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **self.extra,
             "name": self.name,
             "workload_key": self.workload_key,
             "sketch": self.sketch,
             "config": self.config,
         }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> KernelInfo:
+        core = ("name", "workload_key", "sketch", "config")
+        return KernelInfo(data["name"], data.get("workload_key"), data.get("sketch"), data.get("config") or {},
+                          {k: v for k, v in data.items() if k not in core})
 
 
 def _describe(dtype: Any, shape: Sequence[int]) -> str:
@@ -69,8 +77,10 @@ class CompiledModel:
         outputs: Sequence[int],
         num_threads: int | None = None,
         library: cbuild.KernelLibrary | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> None:
         self.name, self.target, self.source = name, target, source
+        self.meta: dict[str, Any] = dict(meta or {})  # model name, graph hash, output names ...
         self.kernels = list(kernels)
         self.buffers = list(buffers)
         self.launches = [a if isinstance(a, Launch) else Launch(a.kernel, a.args) for a in launches]
@@ -111,6 +121,7 @@ class CompiledModel:
         target: Target | None = None,
         kernels: Sequence[KernelInfo] | None = None,
         num_threads: int | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> CompiledModel:
         """Generate the C source of lowered ``funcs`` plus the ``kiln_run`` entry, and wrap it."""
         from compiler.codegen.c import generate_c
@@ -119,8 +130,20 @@ class CompiledModel:
         source = generate_c(list(funcs), target, launches)
         infos = list(kernels) if kernels is not None else [KernelInfo(f.name) for f in funcs]
         return cls(
-            name, target, source, infos, buffers, launches, params, inputs, input_names, outputs, num_threads
+            name, target, source, infos, buffers, launches, params, inputs, input_names, outputs, num_threads,
+            meta=meta,
         )
+
+    @property
+    def input_specs(self) -> list[dict[str, Any]]:
+        return [{"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
+                for n, i in zip(self.input_names, self.inputs)]
+
+    @property
+    def output_specs(self) -> list[dict[str, Any]]:
+        names = self.meta.get("output_names") or [self.by_id[i].name for i in self.outputs]
+        return [{"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
+                for n, i in zip(names, self.outputs)]
 
     # ---------------------------------------------------------------- setup
     def _allocate(self) -> None:

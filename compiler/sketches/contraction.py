@@ -183,29 +183,40 @@ class ContractionSketch(Sketch):
         if target.kind == "cuda":
             return {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
         m_ext, n_ext = _anchor_extents(group)
+        k_ext, batch = _reduce_and_batch(group)
         lanes = target.vector_lanes_f32
-        v = lanes if n_ext >= lanes else max(x for x in (1, 4, 8, 16) if x <= max(1, n_ext) and x <= lanes)
+        v = lanes if n_ext >= lanes else max(x for x in (4, 8, 16) if x <= max(4, n_ext) and x <= lanes)
         nr = 2 * v if n_ext >= 2 * v else v
-        nr = max(nr, 4)
         mr = max(x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext))
         if mr * (nr // v) > REGISTERS - 4:
-            mr = (REGISTERS - 4) // (nr // v)
-            mr = max(x for x in (1, 2, 4, 6, 8) if x <= mr)
-        mc = max(1, min(16, 128 // mr, -(-m_ext // mr)))
-        nc = max(1, min(8, 256 // nr, -(-n_ext // nr)))
-        config = {
+            mr = max(x for x in (1, 2, 4, 6, 8) if x <= (REGISTERS - 4) // (nr // v))
+        # the packed B panel (K x NC) and the A block (MC x K) should sit in about half of L2 each
+        budget = target.l2_bytes // 2
+        nc_tiles = _pow2_floor(max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr))))
+        mc_tiles = _pow2_floor(max(1, min(32, budget // max(1, 4 * k_ext * mr), -(-m_ext // mr))))
+        n_blocks = batch * -(-n_ext // (nr * nc_tiles))
+        m_blocks = batch * -(-m_ext // (mr * mc_tiles))
+        if n_blocks >= target.cores:
+            parallel = "batch_n"
+        else:
+            parallel = "batch_m"
+            while m_blocks < target.cores and mc_tiles > 1:
+                mc_tiles //= 2
+                m_blocks = batch * -(-m_ext // (mr * mc_tiles))
+            if m_blocks < 2:
+                parallel = "none" if n_blocks < 2 else "batch_n"
+        return {
             "mr": mr,
             "nr": nr,
             "vector": v,
-            "mc_tiles": _pow2_floor(mc),
-            "nc_tiles": _pow2_floor(nc),
+            "mc_tiles": mc_tiles,
+            "nc_tiles": nc_tiles,
             "pack_a": 0,
             "pack_b": 1,
             "order": "nm",
             "unroll_k": 1,
-            "parallel": "batch_n" if n_ext >= nr * 2 * target.cores else "batch_m",
+            "parallel": parallel,
         }
-        return config
 
     # ------------------------------------------------------------------ build
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
@@ -297,12 +308,12 @@ class ContractionSketch(Sketch):
         if rows is not None and rows.kind == "serial":
             sch.unroll(rows)
 
-    def _pack(self, sch: Schedule, mm: Block, buf: Buffer, axis: int | None, tile: int, at: For) -> None:
+    def _pack(self, sch: Schedule, mm: Block, buf: Buffer, axis: int | None, tile: int, at: For) -> Block:
         """Copy the panel of ``buf`` used under loop ``at`` into a buffer laid out [.., axis/tile, .., tile]."""
         pack = sch.cache_read(mm, buf, "global")
         sch.compute_at(pack, at)
         if axis is None:
-            return
+            return pack
         cache = A.writes(pack)[0]
         rank = len(cache.shape)
         shape = list(cache.shape)
@@ -322,6 +333,22 @@ class ContractionSketch(Sketch):
             if lanes > 1:
                 _, lane = sch.split(inner, [None, lanes])
                 sch.vectorize(lane)
+        return pack
+
+
+def _reduce_and_batch(group: Group) -> tuple[int, int]:
+    """(reduction length K, number of independent GEMMs) of the group's contraction."""
+    n = group.anchor
+    assert n is not None
+    if n.op == "conv2d":
+        o, cg, kh, kw = n.inputs[1].shape
+        return cg * kh * kw, n.output.shape[0] * n.output.shape[2]
+    a = n.inputs[0].shape
+    k = a[-2] if n.attrs["transpose_a"] else a[-1]
+    batch = 1
+    for d in n.output.shape[:-2]:
+        batch *= d
+    return k, batch
 
 
 def _pow2_floor(x: int) -> int:

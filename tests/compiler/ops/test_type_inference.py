@@ -32,8 +32,9 @@ def test_bad_reshape():
 def test_matmul_wrong_rank_and_inner_dim():
     b = GraphBuilder()
     a3, m = b.input("a3", (2, 3, 4)), b.input("m", (4, 5))
-    with pytest.raises(TypeInferenceError, match="matmul needs rank-2"):
-        b.matmul(a3, m)
+    assert b.matmul(a3, m).shape == (2, 3, 5)  # leading dims on A, numpy style
+    with pytest.raises(TypeInferenceError, match="matmul needs A of rank >= 2"):
+        b.matmul(m, a3)
     a = b.input("a", (3, 7))
     with pytest.raises(TypeInferenceError, match="inner dimensions differ"):
         b.matmul(a, m)

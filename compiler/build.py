@@ -1,0 +1,151 @@
+"""compile(model) -> CompiledModel: the whole pipeline.
+
+    graph -> optimize (decompose, fold, cse, dce) -> fuse (default rules or a FusionPlan)
+          -> per group: config = tuned record (if a config source has one) or the sketch's default
+                        loop IR = sketch.build(group, config, target), lowered
+          -> codegen (one translation unit) -> runtime (build, memory plan, executor)
+
+Groups that only reshape one buffer become aliases (no kernel). Every kernel's provenance (workload
+key, sketch, config, whether it came from a record) is kept in the compiled model's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler.errors import KilnError, ScheduleError
+from compiler.fusion import FusedGraph, FusionPlan, Group, fuse
+from compiler.graph import Graph, Value
+from compiler.loopir import lower_func
+from compiler.loopir.stmt import PrimFunc
+from compiler.passes import optimize
+from compiler.sketches import Config, get_sketch, sketch_for
+from compiler.target import Target
+
+log = logging.getLogger("kiln.build")
+
+# (group, target) -> (sketch name, config, origin) or None to use the sketch's default
+ConfigSource = Callable[[Group, Target], "tuple[str, Config, str] | None"]
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    group: Group
+    sketch: str
+    sketch_version: int
+    config: Config
+    origin: str  # "default" | "record" | "given"
+    func: PrimFunc
+    trace: str
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "workload_key": self.group.workload_key,
+            "group_kind": self.group.kind,
+            "sketch": self.sketch,
+            "sketch_version": self.sketch_version,
+            "config": self.config,
+            "origin": self.origin,
+            "ops": [n.op for n in self.group.nodes],
+        }
+
+
+@dataclass
+class ModelPlan:
+    graph: Graph
+    fused: FusedGraph
+    target: Target
+    kernels: list[KernelPlan]
+    views: list[Group] = field(default_factory=list)
+
+    @property
+    def coverage(self) -> tuple[int, int]:
+        """(kernels configured from tuning records, all kernels)."""
+        return sum(k.origin == "record" for k in self.kernels), len(self.kernels)
+
+
+def kernel_for(
+    group: Group,
+    target: Target,
+    config: Config | None = None,
+    sketch_name: str | None = None,
+    origin: str = "default",
+    name: str | None = None,
+) -> KernelPlan:
+    """Schedule and lower one group with ``config`` (or the sketch's default)."""
+    sketch = get_sketch(sketch_name) if sketch_name else sketch_for(group)
+    if config is None:
+        config, origin = sketch.default(group, target), "default"
+    try:
+        sch = sketch.build(group, config, target)
+    except ScheduleError as exc:
+        raise ScheduleError(
+            f"group {group.name} ({group.kind}), sketch {sketch.name}, config {config}: {exc}"
+        ) from exc
+    func = lower_func(sch.func)
+    func.name = name or group.name
+    return KernelPlan(func.name, group, sketch.name, sketch.version, config, origin, func, sch.show_trace())
+
+
+def plan_model(
+    model: Graph | str,
+    target: Target | str = "cpu",
+    configs: ConfigSource | None = None,
+    plan: FusionPlan | None = None,
+) -> ModelPlan:
+    """Everything up to code generation: optimized graph, groups, and one lowered kernel per group."""
+    from compiler.frontend import load_model
+
+    graph = load_model(model) if isinstance(model, str) else model
+    target = Target.parse(target)
+    g = optimize(graph)
+    fused = fuse(g, plan)
+    kernels: list[KernelPlan] = []
+    views: list[Group] = []
+    for group in fused.groups:
+        if group.is_view and group.inputs[0].producer is not None:
+            views.append(group)
+            continue
+        chosen = configs(group, target) if configs is not None else None
+        if chosen is not None:
+            sketch_name, config, origin = chosen
+            try:
+                kernels.append(kernel_for(group, target, config, sketch_name, origin))
+                continue
+            except (ScheduleError, KilnError) as exc:  # a stale record must never break compile
+                log.warning(
+                    "record for %s (%s) no longer builds (%s); using the default schedule",
+                    group.name,
+                    group.workload_key[:12],
+                    exc,
+                )
+        kernels.append(kernel_for(group, target))
+    return ModelPlan(g, fused, target, kernels, views)
+
+
+def value_name(v: Value, fallback: str) -> str:
+    return v.name or fallback
+
+
+def compile(
+    model: Graph | str,
+    target: Target | str = "cpu",
+    db: Any = None,
+    plan: FusionPlan | None = None,
+    configs: ConfigSource | None = None,
+):
+    """Compile a model (graph, built-in name or ONNX path) for ``target``. With ``db`` (a
+    TuningDatabase or URL), groups use their best valid tuning record for this target."""
+    from compiler.runtime.assemble import assemble
+
+    if db is not None and configs is None:
+        from tuner.records import database_config_source
+
+        configs = database_config_source(db)
+    mplan = plan_model(model, target, configs, plan)
+    return assemble(mplan)

@@ -1,0 +1,112 @@
+"""`kiln compile` and `kiln run`: build a model into a directory, run a compiled model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from compiler.errors import KilnError
+from tuner.commands.common import add_model_arg, load_model_arg
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compile",
+        help="compile a model (with the best tuning records when --db is given)",
+        description="Compile a model for a target. With --db, each kernel uses its best valid tuning record "
+        "for the target; kernels without one use the rule-based default schedule.",
+    )
+    add_model_arg(p)
+    p.add_argument("--target", default="cpu", help="cpu (this host), cuda, or a full target key")
+    p.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="directory to write the compiled model to"
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        help="tuning database URL (default: $KILN_DB, else sqlite:///kiln.db); "
+        "omit to compile with default schedules only",
+    )
+    p.add_argument("--use-db", action="store_true", help="use the default database even without --db")
+    p.set_defaults(handler=run_compile)
+
+    r = subparsers.add_parser(
+        "run",
+        help="run a compiled model and report its latency",
+        description="Run a compiled model directory on given or random inputs.",
+    )
+    r.add_argument("path", metavar="DIR", help="a directory written by kiln compile")
+    r.add_argument("--inputs", metavar="FILE.npz", help="inputs by name (default: seeded random inputs)")
+    r.add_argument("--save-outputs", metavar="FILE.npz", help="write the outputs here")
+    r.add_argument("--repeats", type=int, default=20, help="timed runs (default 20)")
+    r.add_argument("--warmup", type=int, default=3)
+    r.add_argument("--check", action="store_true", help="compare with the numpy reference of the model")
+    r.set_defaults(handler=run_run)
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    from compiler.build import compile as kiln_compile
+
+    graph = load_model_arg(args)
+    db = None
+    if args.db or args.use_db:
+        from db.database import TuningDatabase
+
+        db = TuningDatabase.open(args.db)
+    model = kiln_compile(graph, args.target, db=db)
+    model.save(args.output)
+    tuned = sum(1 for k in model.kernels if k.get("origin") == "record")
+    print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
+    if db is not None:
+        print(f"coverage: {tuned} of {len(model.kernels)} kernels use tuning records")
+        for k in model.kernels:
+            if k.get("origin") != "record":
+                print(f"  default schedule: {k['name']} ({k['sketch']}, workload {k['workload_key'][:12]})")
+    return 0
+
+
+def _inputs(model, path: str | None):
+    import numpy as np
+
+    if path is None:
+        rng = np.random.default_rng(0)
+        return {
+            spec["name"]: rng.standard_normal(spec["shape"]).astype(spec["dtype"])
+            for spec in model.input_specs
+        }
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise KilnError(f"cannot read inputs from {path}: {exc}") from None
+
+
+def run_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from compiler.runtime import CompiledModel
+
+    model = CompiledModel.load(args.path)
+    inputs = _inputs(model, args.inputs)
+    outputs = model.run(inputs)
+    stats = model.timeit(inputs, repeats=args.repeats, warmup=args.warmup)
+    print(
+        f"{model.name} on {model.target.key}: median {stats['median_us']:.1f} us over {args.repeats} runs "
+        f"(min {min(stats['samples_us']):.1f}, max {max(stats['samples_us']):.1f})"
+    )
+    for spec, out in zip(model.output_specs, outputs):
+        print(f"  output {spec['name']}: {out.dtype}{list(out.shape)}")
+    if args.save_outputs:
+        np.savez(args.save_outputs, **{spec["name"]: o for spec, o in zip(model.output_specs, outputs)})
+    if args.check:
+        from compiler.frontend import load_model
+        from compiler.reference import run_reference
+
+        graph = load_model(model.meta["model"])
+        refs = run_reference(graph, inputs)
+        worst = max(float(np.abs(o - r).max() / max(1.0, np.abs(r).max())) for o, r in zip(outputs, refs))
+        print(f"  max |err| / max |ref| vs the numpy reference: {worst:.2e}")
+        if worst > 1e-4:
+            print("kiln run: outputs differ from the reference", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,71 @@
+"""Tuning records -> configs at compile time, validated against the sketch's knob space.
+
+A record is only applied to the workload and target it was measured on, by the sketch and sketch
+version that produced it, and only if its config still passes the sketch's check; anything else is
+skipped with a warning naming the record (the database does the warning; we give the reason)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from compiler.errors import KilnError, ScheduleError
+from compiler.fusion import Group
+from compiler.sketches import get_sketch, sketch_for
+from compiler.target import Target
+
+
+def validator_for(group: Group, target: Target) -> Callable[[Any], str | None]:
+    sketch = sketch_for(group)
+
+    def validate(record: Any) -> str | None:
+        if record.sketch != sketch.name:
+            return f"recorded by sketch '{record.sketch}', the group is scheduled by '{sketch.name}'"
+        if record.sketch_version != sketch.version:
+            return f"recorded by {record.sketch} v{record.sketch_version}, the code has v{sketch.version}"
+        try:
+            sketch.check(group, dict(record.config), target)
+        except (ScheduleError, KilnError) as exc:
+            return f"config no longer valid: {exc}"
+        return None
+
+    return validate
+
+
+def database_config_source(db: Any):
+    """A build.ConfigSource reading the best valid record of each group from ``db`` (a TuningDatabase
+    or a URL)."""
+    if isinstance(db, str):
+        from db.database import TuningDatabase
+
+        db = TuningDatabase.open(db, create=False)
+
+    def source(group: Group, target: Target):
+        rec = db.best(group.workload_key, target.key, validate=validator_for(group, target))
+        if rec is None:
+            return None
+        return rec.sketch, dict(rec.config), "record"
+
+    return source
+
+
+def workload_validator(db: Any, target_key: str) -> Callable[[Any], str | None]:
+    """Validate records of any workload stored in ``db`` (used by `kiln query best`)."""
+    from compiler.fusion import group_from_workload
+
+    cache: dict[str, Any] = {}
+
+    def validate(record: Any) -> str | None:
+        key = record.workload_key
+        if key not in cache:
+            try:
+                group = group_from_workload(db.workload_canonical(key))
+                cache[key] = validator_for(group, Target.parse(target_key))
+            except KilnError as exc:
+                cache[key] = lambda _r, msg=str(exc): f"workload cannot be rebuilt: {msg}"
+        return cache[key](record)
+
+    return validate
+
+
+__all__ = ["database_config_source", "get_sketch", "validator_for", "workload_validator"]

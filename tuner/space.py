@@ -1,0 +1,58 @@
+"""Knob spaces as Optuna distributions, config validity, and configs as canonical JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from compiler.errors import ScheduleError
+from compiler.sketches import Config, Knob
+
+
+def distributions(space: list[Knob]) -> dict[str, Any]:
+    """One categorical distribution per knob (over its legal values, in order)."""
+    from optuna.distributions import CategoricalDistribution
+
+    return {k.name: CategoricalDistribution(list(k.values)) for k in space}
+
+
+def config_from_params(space: list[Knob], params: dict[str, Any]) -> Config:
+    """A config from an Optuna trial's params, with values of the knobs' own types."""
+    out: Config = {}
+    for k in space:
+        if k.name not in params:
+            raise ScheduleError(f"trial has no value for knob '{k.name}'")
+        value = params[k.name]
+        match = [v for v in k.values if v == value and type(v) is type(value)] or [
+            v for v in k.values if v == value
+        ]
+        if not match:
+            raise ScheduleError(f"knob '{k.name}' = {value!r} is not one of {list(k.values)}")
+        out[k.name] = match[0]
+    return out
+
+
+def config_json(config: Config) -> str:
+    """Canonical JSON of a config: the identity of a candidate across processes and the database."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def config_from_json(text: str) -> Config:
+    data = json.loads(text)
+    if not isinstance(data, dict) or not all(isinstance(v, (int, float, str, bool)) for v in data.values()):
+        raise ScheduleError(f"a config must be a JSON object of scalars, got {text[:80]!r}")
+    return data
+
+
+def space_signature(space: list[Knob]) -> str:
+    """A short hash of the knob space, so a study is never resumed against a different space."""
+    text = json.dumps([[k.name, list(k.values)] for k in space], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def space_size(space: list[Knob]) -> int:
+    n = 1
+    for k in space:
+        n *= len(k.values)
+    return n

@@ -1,0 +1,64 @@
+"""Tuning tasks: one per unique workload of a model for a target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.fusion import FusionPlan, Group, fuse
+from compiler.graph import Graph
+from compiler.passes import optimize
+from compiler.sketches import Config, Knob, Sketch, sketch_for
+from compiler.target import Target
+
+
+@dataclass
+class Task:
+    """A workload to tune: its group, how often the model runs it (weight), and its sketch."""
+
+    workload_key: str
+    group: Group
+    target: Target
+    weight: int
+    sketch: Sketch
+
+    @property
+    def name(self) -> str:
+        return f"{self.group.name}[{self.workload_key[:8]}]"
+
+    @property
+    def kind(self) -> str:
+        return self.group.kind
+
+    @property
+    def flops(self) -> float:
+        return self.group.flops
+
+    @property
+    def bytes(self) -> float:
+        return self.group.bytes
+
+    def space(self) -> list[Knob]:
+        return self.sketch.space(self.group, self.target)
+
+    def default(self) -> Config:
+        return self.sketch.default(self.group, self.target)
+
+    def check(self, config: Config) -> None:
+        self.sketch.check(self.group, config, self.target)
+
+
+def extract_tasks(graph: Graph, target: Target | str, plan: FusionPlan | None = None) -> list[Task]:
+    """Tasks of a model: unique workload keys in first-occurrence order, weight = occurrences.
+    Groups that are only views (aliased reshapes) have nothing to tune."""
+    target = Target.parse(target)
+    fused = fuse(optimize(graph), plan)
+    tasks: dict[str, Task] = {}
+    for group in fused.groups:
+        if group.is_view:
+            continue
+        key = group.workload_key
+        if key in tasks:
+            tasks[key].weight += 1
+        else:
+            tasks[key] = Task(key, group, target, 1, sketch_for(group))
+    return list(tasks.values())
