@@ -67,7 +67,8 @@ class FusionEdge:
     rule: str
 
     def describe(self) -> str:
-        return f"{self.id}: {self.producer.name} ({self.producer.op}) -> {self.consumer.name} ({self.consumer.op})"
+        p, c = self.producer, self.consumer
+        return f"{self.id}: {p.name} ({p.op}) -> {c.name} ({c.op})"
 
 
 def _canonical_numbers(graph: Graph) -> dict[int, int]:
@@ -131,6 +132,9 @@ class Group:
     outputs: list[Value]
     anchor: Node | None
     constants: list[Node] = field(default_factory=list)
+    const_inputs: tuple[
+        bool, ...
+    ] = ()  # input i is a model constant (a weight): may be re-laid-out at compile time
 
     @property
     def name(self) -> str:
@@ -157,7 +161,13 @@ class Group:
         return b.build([mapping[v] for v in self.outputs])
 
     def canonical(self) -> dict:
-        return {"v": WORKLOAD_VERSION, "kind": self.kind, "graph": self.subgraph.canonical()}
+        data = {"v": WORKLOAD_VERSION, "kind": self.kind, "graph": self.subgraph.canonical()}
+        if any(self.const_inputs):
+            data["const_inputs"] = [i for i, c in enumerate(self.const_inputs) if c]
+        return data
+
+    def is_const_input(self, value: Value) -> bool:
+        return any(v is value and c for v, c in zip(self.inputs, self.const_inputs))
 
     @cached_property
     def workload_key(self) -> str:
@@ -183,7 +193,7 @@ def node_flops(n: Node) -> int:
         k = a[-2] if n.attrs["transpose_a"] else a[-1]
         return 2 * out.numel * k
     if n.op == "conv2d":
-        o, cg, kh, kw = n.inputs[1].shape
+        _o, cg, kh, kw = n.inputs[1].shape
         return 2 * out.numel * cg * kh * kw
     if n.op in POOLS:
         kh, kw = n.attrs["kernel"]
@@ -283,7 +293,10 @@ def group_problem(nodes: list[Node]) -> str | None:
         upstream = [n for n in nodes if n is not anchor and n not in _downstream([anchor], nodes, inside)]
         for n in upstream:
             if n.op not in LAYOUT_OPS:
-                return f"{n.name} ({n.op}) would be recomputed inside {anchor.op}: only layout ops fuse before it"
+                return (
+                    f"{n.name} ({n.op}) would be recomputed inside {anchor.op}: "
+                    "only layout ops fuse before it"
+                )
     if anchor is not None:
         for n in _downstream([anchor], nodes, inside):
             if get_op(n.op).kind == PatternKind.Injective or n.output.shape != anchor.output.shape:
@@ -377,7 +390,8 @@ def _build_groups(graph: Graph, part: _Partition, position: dict[int, int]) -> l
             kind, anchor = "reduction", reduces[0]
         else:
             kind = "pointwise"
-        groups.append(Group(idx, kind, members, inputs, outputs, anchor, constants))
+        const = tuple(v.kind == "param" for v in inputs)
+        groups.append(Group(idx, kind, members, inputs, outputs, anchor, constants, const))
     return groups
 
 
@@ -429,5 +443,6 @@ def group_from_workload(canonical: dict | str, index: int = 0) -> Group:
     anchor = next((n for n in nodes if category(n) in ("contract", "pool")), None)
     if anchor is None:
         anchor = next((n for n in nodes if category(n) == "reduce"), None)
-    group = Group(index, data["kind"], nodes, list(sub.inputs), list(sub.outputs), anchor, constants)
-    return group
+    const_idx = set(data.get("const_inputs", []))
+    const = tuple(i in const_idx for i in range(len(sub.inputs)))
+    return Group(index, data["kind"], nodes, list(sub.inputs), list(sub.outputs), anchor, constants, const)

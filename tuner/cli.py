@@ -18,6 +18,7 @@ from compiler.errors import KilnError
 COMMAND_MODULES = (
     "tuner.commands.models",
     "tuner.commands.show",
+    "tuner.commands.tune",
     "tuner.commands.compile",
     "db.cli",
 )

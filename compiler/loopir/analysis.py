@@ -112,7 +112,7 @@ def loop_ranges(loops: Iterable[For]) -> dict[Var, tuple[int, int]]:
 
 
 def accesses_in_loop_vars(b: Block, buffer: Buffer, kind: str) -> list[tuple[Expr, ...]]:
-    """Indices of ``buffer`` read ('r') or written ('w') by ``b``, with iteration vars replaced by bindings."""
+    """Indices of ``buffer`` read ('r') or written ('w') by ``b``, iteration vars replaced by bindings."""
     bind = binding_map(b)
     out = []
     if kind == "w":

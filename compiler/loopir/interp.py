@@ -121,7 +121,7 @@ def compile_expr(e: Expr) -> Callable[[Env], Any]:
         v = compile_expr(e.value)
         conv = _np_scalar(e.dtype)
         if dtypes.is_int(e.dtype) and dtypes.is_float(e.value.dtype):
-            return lambda env: int(math.trunc(float(v(env))))
+            return lambda env: math.trunc(float(v(env)))
         return lambda env: conv(v(env))
     if isinstance(e, Call):
         if e.name.startswith("warp_"):

@@ -15,8 +15,10 @@ reordered freely; ``decompose_reduction`` hoists the init into its own loop nest
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from compiler.errors import ScheduleError
 from compiler.loopir import analysis as A
@@ -129,7 +131,8 @@ class Schedule:
         total = math.prod(factors)  # type: ignore[arg-type]
         if total < loop.extent:
             raise ScheduleError(
-                f"split of loop {loop.var.name} (extent {loop.extent}) by {factors}: product {total} is too small"
+                f"split of loop {loop.var.name} (extent {loop.extent}) by {factors}: "
+                f"product {total} is too small"
             )
         new_vars = [Var(f"{loop.var.name}_{k}") for k in range(len(factors))]
         fused: Expr = const(0)
@@ -151,7 +154,7 @@ class Schedule:
         """Fuse directly nested loops (each the only statement in the previous one) into one."""
         if len(loops) < 2:
             raise ScheduleError("fuse needs at least two loops")
-        for outer, inner in zip(loops, loops[1:]):
+        for outer, inner in itertools.pairwise(loops):
             self._check_loop(outer)
             if outer.body is not inner:
                 raise ScheduleError(
@@ -354,7 +357,8 @@ class Schedule:
             or {id(i) for i in first} != {id(v) for v in ivars}
         ):
             raise ScheduleError(
-                f"reverse_compute_inline: block {block.name} must read {src.name} once at its own iteration indices"
+                f"reverse_compute_inline: block {block.name} must read {src.name} once "
+                "at its own iteration indices"
             )
         # consumer iteration var at position k of the load == producer's store index k
         mapping = {v: pst.indices[k] for k, v in enumerate(first)}  # type: ignore[misc]
@@ -383,7 +387,8 @@ class Schedule:
         outside = [c.name for c in consumers if id(c) not in loop_blocks]
         if outside:
             raise ScheduleError(
-                f"compute_at: {buf.name} is also read by block(s) {', '.join(outside)} outside loop {loop.var.name}"
+                f"compute_at: {buf.name} is also read by block(s) {', '.join(outside)} "
+                f"outside loop {loop.var.name}"
             )
         top = self._nest_top(block)
         if len(A.blocks_under(top)) + isinstance(top, Block) != 1:
@@ -411,7 +416,8 @@ class Schedule:
         srcs = [b for b in ins if any(id(p) in loop_blocks for p in self.producers(b))]
         if len(srcs) != 1:
             raise ScheduleError(
-                f"reverse_compute_at: block {block.name} must read exactly one buffer produced in loop {loop.var.name}"
+                f"reverse_compute_at: block {block.name} must read exactly one buffer "
+                f"produced in loop {loop.var.name}"
             )
         src = srcs[0]
         producers = self.producers(src)
@@ -436,7 +442,8 @@ class Schedule:
             or any(any(x is not y for x, y in zip(ld.indices, first)) for ld in src_loads)
         ):
             raise ScheduleError(
-                f"reverse_compute_at: block {block.name} must read {src.name} at a permutation of its iteration vars"
+                f"reverse_compute_at: block {block.name} must read {src.name} "
+                "at a permutation of its iteration vars"
             )
         outer_loops = [*self.get_loops(loop), loop]
         outer = A.loop_ranges(outer_loops)
@@ -450,7 +457,8 @@ class Schedule:
             start, ext = reg[dim_of[iv.var.uid]]
             if iv.kind == "R" and ext != iv.extent:
                 raise ScheduleError(
-                    f"reverse_compute_at: reduction variable {iv.var.name} of block {block.name} would see only "
+                    f"reverse_compute_at: reduction variable {iv.var.name} of block {block.name} "
+                    "would see only "
                     f"part of {src.name} under loop {loop.var.name}"
                 )
             per_var.append((start, ext))
@@ -619,7 +627,11 @@ class Schedule:
                         f"pad: block {block.name} writes function output {buf.name} through "
                         f"loop {loop.var.name}"
                     )
-                param_reads = True
+                # an input whose padded extent covers the whole range (a pre-packed weight) reads safely;
+                # otherwise the padded lanes must not read it at all (fill)
+                dims = [(e, n) for e, n in zip(full, buf.shape) if loop.var in free_vars(e)]
+                if not _in_bounds([e for e, _ in dims], [n for _, n in dims], ranges):
+                    param_reads = True
                 continue
             entry = grow.setdefault(buf.uid, (buf, list(buf.shape)))
             for d, e in enumerate(full):
@@ -632,7 +644,8 @@ class Schedule:
         if param_reads:
             if fill is None:
                 raise ScheduleError(
-                    f"pad: block {block.name} reads a function parameter through loop {loop.var.name}; give fill"
+                    f"pad: block {block.name} reads a function parameter through loop "
+                    f"{loop.var.name}; give fill"
                 )
             st = self._single_store(block, "pad")
             cond = _in_iter_vars(block, logical_and(*removed))
@@ -641,6 +654,29 @@ class Schedule:
             buf.shape = tuple(shape)
         block.predicate = logical_and(*kept) if kept else None
         self._log(f"pad({block.name}, {loop.var.name}" + (f", fill={fill}" if fill is not None else "") + ")")
+
+    def transform_input_layout(self, buffer: Buffer, layout: Any) -> Buffer:
+        """Make the kernel take input ``buffer`` in ``layout`` (e.g. TilePack): the parameter is replaced
+        by one of the new shape, every load is remapped, and ``func.attrs["input_layouts"]`` records the
+        layout so the caller lays the data out the same way (for constant weights: once, at compile time)."""
+        pos = next((i for i, p in enumerate(self.func.params) if p is buffer), None)
+        if pos is None or pos >= self.func.num_inputs:
+            raise ScheduleError(f"transform_input_layout: {buffer.name} is not an input of {self.func.name}")
+        new = Buffer(buffer.name, tuple(layout.shape(buffer.shape)), buffer.dtype, buffer.scope)
+
+        def remap(ld: Load) -> Expr | None:
+            if ld.buffer is not buffer:
+                return None
+            return Load(new, tuple(simplify(e) for e in layout.index(list(ld.indices))))
+
+        for b in self.blocks():
+            for s in walk_stmts(b):
+                if isinstance(s, BufferStore):
+                    s.value = replace_buffer_loads(s.value, remap)
+        self.func.params[pos] = new
+        self.func.attrs.setdefault("input_layouts", {})[str(pos)] = layout.to_json()
+        self._log(f"transform_input_layout({buffer.name}, {layout.to_json()})")
+        return new
 
     def rfactor(self, loop: For, factor_axis: int = 0) -> Block:
         """Turn the reduction driven by ``loop`` into a spatial axis of a partial-result buffer; a
@@ -686,7 +722,7 @@ class Schedule:
         r_map = {iv.var: substitute(e, loopvar_to_iv) for iv, e in r_ivs}
         src = substitute(source, {**s_map, **r_map})
         idx = [n.var for n in new_s]
-        rf_idx = tuple(idx[:factor_axis] + [vr.var] + idx[factor_axis:])
+        rf_idx = tuple([*idx[:factor_axis], vr.var, *idx[factor_axis:]])
         rf_block = Block(
             f"{block.name}_rf",
             [vr, *new_s, *new_r.values()],
@@ -700,7 +736,7 @@ class Schedule:
         wb_s = [IterVar(Var(iv.var.name), iv.extent, "S") for iv, _ in s_ivs]
         wr = IterVar(Var("vrf"), loop.extent, "R")
         widx = [iv.var for iv in wb_s]
-        wrf_idx = tuple(widx[:factor_axis] + [wr.var] + widx[factor_axis:])
+        wrf_idx = tuple([*widx[:factor_axis], wr.var, *widx[factor_axis:]])
         wb = Block(
             block.name,
             [*wb_s, wr],
@@ -769,6 +805,16 @@ def _subst_stmt(s: Stmt, mapping: dict[Var, Expr]) -> Stmt:
     return BufferStore(
         s.buffer, tuple(substitute(i, mapping) for i in s.indices), substitute(s.value, mapping)
     )
+
+
+def _in_bounds(idx: Sequence[Expr], shape: Sequence[int], ranges: dict) -> bool:
+    from compiler.loopir.simplify import bound
+
+    for e, n in zip(idx, shape):
+        b = bound(simplify(e, ranges), ranges)
+        if b is None or b[0] < 0 or b[1] >= n:
+            return False
+    return True
 
 
 def _in_iter_vars(block: Block, guard: Expr) -> Expr:

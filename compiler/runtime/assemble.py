@@ -42,6 +42,27 @@ def assemble(plan) -> CompiledModel:
     for p in g.params:
         params[add(p, "param", p.name or f"param{len(params)}")] = p.data
     graph_outputs = set(g.outputs)
+    relaid_cache: dict[tuple[int, str], int] = {}
+
+    def relaid(v: Value, spec: dict) -> int:
+        """A param laid out as a kernel asks (packed weights), computed once and shared by kernels."""
+        import json
+
+        from compiler.layouts import layout_from_json
+
+        if v.kind != "param":
+            raise KilnError(
+                f"a kernel asks for input {v.name} in layout {spec}, but it is not a model constant"
+            )
+        key = (ids[v], json.dumps(spec, sort_keys=True))
+        if key not in relaid_cache:
+            data = layout_from_json(spec).apply(v.data)
+            i = len(buffers)
+            buffers.append(BufferSpec(i, f"{v.name}.packed", tuple(data.shape), v.dtype, "param", None))
+            params[i] = data
+            relaid_cache[key] = i
+        return relaid_cache[key]
+
     producer_of = {}
     for k in plan.kernels:
         for v in k.group.outputs:
@@ -60,7 +81,10 @@ def assemble(plan) -> CompiledModel:
         k = next(k for k in plan.kernels if k.group is grp)
         for v in grp.outputs:
             add(v, "output" if v in graph_outputs else "intermediate", v.name or grp.name)
-        launches.append(Launch(k.name, [ids[v] for v in grp.inputs] + [ids[v] for v in grp.outputs]))
+        args = [ids[v] for v in grp.inputs]
+        for pos, spec in (k.func.attrs.get("input_layouts") or {}).items():
+            args[int(pos)] = relaid(grp.inputs[int(pos)], spec)
+        launches.append(Launch(k.name, args + [ids[v] for v in grp.outputs]))
         funcs.append(k.func)
         infos.append(
             KernelInfo(

@@ -52,8 +52,13 @@ class KernelInfo:
     @staticmethod
     def from_json(data: dict[str, Any]) -> KernelInfo:
         core = ("name", "workload_key", "sketch", "config")
-        return KernelInfo(data["name"], data.get("workload_key"), data.get("sketch"), data.get("config") or {},
-                          {k: v for k, v in data.items() if k not in core})
+        return KernelInfo(
+            data["name"],
+            data.get("workload_key"),
+            data.get("sketch"),
+            data.get("config") or {},
+            {k: v for k, v in data.items() if k not in core},
+        )
 
 
 def _describe(dtype: Any, shape: Sequence[int]) -> str:
@@ -130,20 +135,34 @@ class CompiledModel:
         source = generate_c(list(funcs), target, launches)
         infos = list(kernels) if kernels is not None else [KernelInfo(f.name) for f in funcs]
         return cls(
-            name, target, source, infos, buffers, launches, params, inputs, input_names, outputs, num_threads,
+            name,
+            target,
+            source,
+            infos,
+            buffers,
+            launches,
+            params,
+            inputs,
+            input_names,
+            outputs,
+            num_threads,
             meta=meta,
         )
 
     @property
     def input_specs(self) -> list[dict[str, Any]]:
-        return [{"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
-                for n, i in zip(self.input_names, self.inputs)]
+        return [
+            {"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
+            for n, i in zip(self.input_names, self.inputs)
+        ]
 
     @property
     def output_specs(self) -> list[dict[str, Any]]:
         names = self.meta.get("output_names") or [self.by_id[i].name for i in self.outputs]
-        return [{"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
-                for n, i in zip(names, self.outputs)]
+        return [
+            {"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
+            for n, i in zip(names, self.outputs)
+        ]
 
     # ---------------------------------------------------------------- setup
     def _allocate(self) -> None:

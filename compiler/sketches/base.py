@@ -66,8 +66,8 @@ class Sketch(ABC):
         check_against_space(self.name, self.space(group, target), config)
         self.check_combination(group, config, target)
 
-    def check_combination(self, group: Group, config: Config, target: Target) -> None:
-        """Extra constraints between knobs (override)."""
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:  # noqa: B027
+        """Extra constraints between knobs (override); the base has none."""
 
 
 def check_against_space(sketch: str, knobs: Sequence[Knob], config: Config) -> None:
@@ -80,7 +80,8 @@ def check_against_space(sketch: str, knobs: Sequence[Knob], config: Config) -> N
     missing = sorted(names - set(config))
     if unknown or missing:
         raise ScheduleError(
-            f"{sketch}: config knobs do not match the space (unknown: {unknown or 'none'}, missing: {missing or 'none'})"
+            f"{sketch}: config knobs do not match the space "
+            f"(unknown: {unknown or 'none'}, missing: {missing or 'none'})"
         )
     for k in knobs:
         if config[k.name] not in k.values:

@@ -7,7 +7,7 @@ lives in registers for the whole K, so the epilogue runs on registers):
     parallel for (batch, outer M/N dims, n_o)   [pack B panel: n_o's K x NC block, layout [NC/NR][K][NR]]
       for m_o                                   [pack A panel: MC x K, layout [MC/MR][K][MR]]
         for n_m, m_m   (order knob)             [acc: MR x NR register tile, zeroed]
-          for k                                 acc[mr][nr] += A[m][k] * Bp[k][nr]   (mr unrolled, nr vectorized)
+          for k                          acc[mr][nr] += A[m][k] * Bp[k][nr]  (mr unrolled, nr vectorized)
           epilogue on the tile                  out = f(acc, bias, residual, ...)
 
 Knobs: ``mr``, ``nr`` (register tile), ``vector``, ``mc_tiles`` / ``nc_tiles`` (cache block = tiles x
@@ -151,7 +151,12 @@ class ContractionSketch(Sketch):
             Knob("mc_tiles", (1, 2, 4, 8, 16, 32), "register tiles per M cache block (MC = mc_tiles * mr)"),
             Knob("nc_tiles", (1, 2, 4, 8, 16), "register tiles per N cache block (NC = nc_tiles * nr)"),
             Knob("pack_a", (0,) if conv else (0, 1), "pack the A panel [MC/MR][K][MR]"),
-            Knob("pack_b", (0, 1), "pack the B panel [NC/NR][K][NR]"),
+            Knob(
+                "pack_b",
+                (0, 1, 2) if _const_b(group) else (0, 1),
+                "B panel: 0 read in place, 1 packed per call [NC/NR][K][NR], "
+                "2 pre-packed weights (at compile time)",
+            ),
             Knob("order", ("nm", "mn"), "order of the tile loops inside the cache block"),
             Knob("unroll_k", (1, 2, 4), "unroll of the K loop"),
             Knob("parallel", ("batch_n", "batch_m", "none"), "OpenMP over batch+N blocks or batch+M blocks"),
@@ -162,7 +167,8 @@ class ContractionSketch(Sketch):
             threads = (config["bm"] // config["tm"]) * (config["bn"] // config["tn"])
             if threads > target.max_threads_per_block or threads < 32:
                 raise ScheduleError(
-                    f"contraction: {threads} threads per block is outside [32, {target.max_threads_per_block}]"
+                    f"contraction: {threads} threads per block is outside "
+                    f"[32, {target.max_threads_per_block}]"
                 )
             smem = (config["bm"] + config["bn"]) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
             if smem > target.max_shared_bytes_optin:
@@ -212,7 +218,7 @@ class ContractionSketch(Sketch):
             "mc_tiles": mc_tiles,
             "nc_tiles": nc_tiles,
             "pack_a": 0,
-            "pack_b": 1,
+            "pack_b": 2 if _const_b(group) else 1,
             "order": "nm",
             "unroll_k": 1,
             "parallel": parallel,
@@ -279,21 +285,44 @@ class ContractionSketch(Sketch):
         sch.unroll(m_r)
         self._vector_tile(sch, init, v, nr)
         self._vector_tile(sch, epi, v, nr)
-        if config["pack_b"]:
-            self._pack(
-                sch,
-                mm,
-                view.b,
-                view.b_ndim,
-                nr,
-                top[len(top) - 2] if config["parallel"] == "batch_n" else top[-1],
-            )
+        if config["pack_b"] == 2 and view.b_ndim is not None:  # weights packed once, at compile time
+            from compiler.layouts import TilePack
+
+            sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr))
+            if view.n_extent % nr:
+                self._pad_lanes(sch, (mm, init))
+        elif config["pack_b"]:
+            at = top[-2] if config["parallel"] == "batch_n" else top[-1]
+            pack = self._pack(sch, mm, view.b, view.b_ndim, nr, at)
+            if view.b_ndim is not None and view.n_extent % nr and pack.predicate is not None:
+                # N tail: zero-pad the packed panel so the micro-kernel never predicates a vector lane
+                lane = next(
+                    (
+                        lp
+                        for lp in reversed(sch.get_loops(pack))
+                        if lp.var in free_vars(pack.bindings[view.b_ndim])
+                    ),
+                    None,
+                )
+                if lane is not None:
+                    sch.pad(pack, lane, fill=0.0)
+                    self._pad_lanes(sch, (mm, init))
         if config["pack_a"] and view.a_mdim is not None:
             self._pack(sch, mm, view.a, view.a_mdim, mr, m_o)
         if config["parallel"] != "none":
             par = top[: len(top) - 1]
             fused = sch.fuse(*par) if len(par) > 1 else par[0]
-            sch.parallel(fused)
+            if fused.extent > 1:
+                sch.parallel(fused)
+
+    @staticmethod
+    def _pad_lanes(sch: Schedule, blocks: tuple[Block, ...]) -> None:
+        """Let the micro-kernel and its accumulator init run whole tiles (their innermost loop is the N lane
+        loop); only the epilogue keeps the N guard."""
+        for b in blocks:
+            lane = sch.get_loops(b)[-1]
+            if b.predicate is not None and lane.var in free_vars(b.predicate):
+                sch.pad(b, lane)
 
     def _vector_tile(self, sch: Schedule, block: Block, v: int, nr: int) -> None:
         loops = sch.get_loops(block)
@@ -309,7 +338,8 @@ class ContractionSketch(Sketch):
             sch.unroll(rows)
 
     def _pack(self, sch: Schedule, mm: Block, buf: Buffer, axis: int | None, tile: int, at: For) -> Block:
-        """Copy the panel of ``buf`` used under loop ``at`` into a buffer laid out [.., axis/tile, .., tile]."""
+        """Copy the panel of ``buf`` used under loop ``at`` into a buffer laid out
+        [.., axis/tile, .., tile]."""
         pack = sch.cache_read(mm, buf, "global")
         sch.compute_at(pack, at)
         if axis is None:
@@ -328,7 +358,7 @@ class ContractionSketch(Sketch):
         loops = sch.get_loops(pack)
         binding = pack.bindings[axis]
         if loops and loops[-1].var in free_vars(binding) and loops[-1].extent % tile == 0 and tile > 1:
-            outer, inner = sch.split(loops[-1], [None, tile])
+            _outer, inner = sch.split(loops[-1], [None, tile])
             lanes = max(x for x in (1, 4, 8, 16) if tile % x == 0)
             if lanes > 1:
                 _, lane = sch.split(inner, [None, lanes])
@@ -336,12 +366,18 @@ class ContractionSketch(Sketch):
         return pack
 
 
+def _const_b(group: Group) -> bool:
+    """The second operand is a model constant read without a layout prologue (so it can be pre-packed)."""
+    a = group.anchor
+    return a is not None and len(a.inputs) > 1 and group.is_const_input(a.inputs[1])
+
+
 def _reduce_and_batch(group: Group) -> tuple[int, int]:
     """(reduction length K, number of independent GEMMs) of the group's contraction."""
     n = group.anchor
     assert n is not None
     if n.op == "conv2d":
-        o, cg, kh, kw = n.inputs[1].shape
+        _o, cg, kh, kw = n.inputs[1].shape
         return cg * kh * kw, n.output.shape[0] * n.output.shape[2]
     a = n.inputs[0].shape
     k = a[-2] if n.attrs["transpose_a"] else a[-1]

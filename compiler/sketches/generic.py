@@ -3,6 +3,8 @@ hoisted, the outermost loop of each nest parallel when it is data-parallel. No k
 
 from __future__ import annotations
 
+import contextlib
+
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir.schedule import Schedule
@@ -35,8 +37,6 @@ class GenericSketch(Sketch):
             for b in output_blocks(sch):
                 loops = sch.get_loops(b)
                 if loops and b.iter_vars and b.iter_vars[0].kind == "S":
-                    try:
+                    with contextlib.suppress(ScheduleError):
                         sch.parallel(loops[0])
-                    except ScheduleError:
-                        pass
         return sch

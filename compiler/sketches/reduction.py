@@ -250,7 +250,7 @@ class ReductionSketch(Sketch):
             sch.unroll(ka)
         init_loop = sch.get_loops(init)[-1]
         if init_loop.extent == acc * v:
-            ia, iv = sch.split(init_loop, [acc, v])
+            _ia, iv = sch.split(init_loop, [acc, v])
             sch.vectorize(iv)
         wb_loops = sch.get_loops(wb)
         if wb_loops and wb_loops[-1].extent == acc * v:

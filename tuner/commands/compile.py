@@ -55,13 +55,13 @@ def run_compile(args: argparse.Namespace) -> int:
         db = TuningDatabase.open(args.db)
     model = kiln_compile(graph, args.target, db=db)
     model.save(args.output)
-    tuned = sum(1 for k in model.kernels if k.get("origin") == "record")
+    tuned = sum(1 for k in model.kernels if k.extra.get("origin") == "record")
     print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
     if db is not None:
         print(f"coverage: {tuned} of {len(model.kernels)} kernels use tuning records")
         for k in model.kernels:
-            if k.get("origin") != "record":
-                print(f"  default schedule: {k['name']} ({k['sketch']}, workload {k['workload_key'][:12]})")
+            if k.extra.get("origin") != "record" and k.workload_key:
+                print(f"  default schedule: {k.name} ({k.sketch}, workload {k.workload_key[:12]})")
     return 0
 
 

@@ -19,7 +19,7 @@ def _mm():
 
 def test_split_divisible_and_with_tail():
     g, sch, mm = _mm()
-    i, j, k = sch.get_loops(mm)
+    i, j, _k = sch.get_loops(mm)
     a, b = sch.split(i, [None, 3])
     assert (a.extent, b.extent) == (2, 3) and mm.predicate is None
     c, d = sch.split(j, [4, None])  # 10 -> 4 x 3 = 12: needs a guard
@@ -80,7 +80,7 @@ def test_parallel_vectorize_unroll_legality():
 
 def test_bind_checks():
     _, sch, mm = _mm()
-    i, j, k = sch.get_loops(mm)
+    i, _j, k = sch.get_loops(mm)
     with pytest.raises(ScheduleError, match="unknown thread axis"):
         sch.bind(i, "warpIdx.x")
     with pytest.raises(ScheduleError, match="drives reduction"):
@@ -165,9 +165,9 @@ def test_cache_read_and_transform_layout():
     g, sch, mm = _mm()
     b = sch.func.inputs[1]
     pack = sch.cache_read(mm, b, "global")
-    i, j, k = sch.get_loops(mm)
+    i, _j, _k = sch.get_loops(mm)
     sch.compute_at(pack, i)
-    cache = [buf for buf in sch.root.alloc_buffers if buf.name.endswith("_global")][0]
+    cache = next(buf for buf in sch.root.alloc_buffers if buf.name.endswith("_global"))
     sch.transform_layout(cache, lambda kk, n: [n // 5, kk, n % 5], [2, 5, 5])
     assert_matches(sch, g)
     with pytest.raises(ScheduleError, match="does not read"):
@@ -183,7 +183,7 @@ def test_rfactor_and_decompose_reduction():
     loops = sch.get_loops(mx)
     with pytest.raises(ScheduleError, match="drives spatial variables"):
         sch.rfactor(loops[0])
-    ko, ki = sch.split(loops[-1], [None, 8])
+    _ko, ki = sch.split(loops[-1], [None, 8])
     rf = sch.rfactor(ki)
     assert rf.name == "reduce_max_rf" and any(iv.kind == "S" and iv.extent == 8 for iv in rf.iter_vars)
     init = sch.decompose_reduction(rf, sch.get_loops(rf)[-2])
@@ -196,7 +196,7 @@ def test_rfactor_and_decompose_reduction():
 def test_interpreter_catches_out_of_bounds():
     from compiler.loopir.interp import InterpError
 
-    g, sch, mm = _mm()
+    _, sch, _ = _mm()
     low = lower_func(sch.func)
     for s in walk_stmts(low.body):
         if isinstance(s, For) and s.var.name == "i0":

@@ -1,0 +1,106 @@
+"""Share a tuning budget between tasks (Ansor / MetaSchedule style).
+
+A round-robin warm-up gives every task one batch (its default config first). After that each round goes
+to the task with the largest expected gain per trial in whole-model latency: weight x (recent rate of
+improvement of its best latency, with an optimistic floor proportional to its current best), plus a
+small epsilon of random choice so no task starves. Tasks that stopped early or exhausted their space
+leave the rotation. The budget is a number of measured trials or a wall-clock time, whichever is given.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tuner.search import TaskTuner
+
+
+@dataclass
+class Budget:
+    trials: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trials is None and self.seconds is None:
+            raise ValueError("a budget needs trials or seconds")
+
+
+def model_latency(tuners: Sequence[TaskTuner], which: str = "best") -> float | None:
+    """sum(weight x latency) over tasks: the whole-model estimate from per-kernel measurements."""
+    total = 0.0
+    for t in tuners:
+        v = t.state.best_us if which == "best" else t.state.default_us
+        if v is None:
+            return None
+        total += t.task.weight * v
+    return total
+
+
+class TaskScheduler:
+    def __init__(
+        self,
+        tuners: Sequence[TaskTuner],
+        budget: Budget,
+        batch: int = 8,
+        epsilon: float = 0.05,
+        window: int = 3,
+        seed: int = 0,
+        on_round: Callable[[TaskTuner, int], None] | None = None,
+    ) -> None:
+        self.tuners = list(tuners)
+        self.budget = budget
+        self.batch = batch
+        self.epsilon = epsilon
+        self.window = window
+        self.rng = random.Random(seed)
+        self.on_round = on_round
+        self.measured = 0
+        self.started = time.monotonic()
+
+    def _left(self) -> bool:
+        if self.budget.trials is not None and self.measured >= self.budget.trials:
+            return False
+        if self.budget.seconds is not None and time.monotonic() - self.started >= self.budget.seconds:
+            return False
+        return any(not t.state.done for t in self.tuners)
+
+    def _batch_for(self) -> int:
+        if self.budget.trials is None:
+            return self.batch
+        return max(1, min(self.batch, self.budget.trials - self.measured))
+
+    def gain(self, t: TaskTuner) -> float:
+        """Expected decrease of whole-model latency (us) per trial spent on ``t``."""
+        s = t.state
+        if s.best_us is None:
+            return float("inf")
+        hist = s.history[-(self.window + 1) :]
+        rate = 0.0
+        if len(hist) >= 2 and hist[-1][0] > hist[0][0]:
+            rate = (hist[0][1] - hist[-1][1]) / (hist[-1][0] - hist[0][0])
+        optimistic = s.best_us / max(1, s.trials) * 0.5  # untried tasks and early plateaus still get a look
+        return t.task.weight * max(rate, optimistic)
+
+    def _pick(self, warm: list[TaskTuner]) -> TaskTuner:
+        if warm:
+            return warm.pop(0)
+        live = [t for t in self.tuners if not t.state.done]
+        if self.rng.random() < self.epsilon:
+            return self.rng.choice(live)
+        return max(live, key=self.gain)
+
+    def run(self) -> int:
+        """Spend the budget; returns the number of measured trials. Ctrl-C stops after the current batch's
+        results are committed (the measurer finishes or is interrupted; nothing half-written is kept)."""
+        warm = [t for t in self.tuners if not t.state.done]
+        while self._left():
+            t = self._pick(warm)
+            if t.state.done:
+                continue
+            n = t.step(self._batch_for())
+            self.measured += n
+            if self.on_round is not None:
+                self.on_round(t, n)
+        return self.measured
