@@ -1,0 +1,91 @@
+"""The C timing harness of the CPU runner: calls a kernel N times between two ``clock_gettime`` calls.
+
+Timing in C keeps the ctypes call overhead (about a microsecond) out of small kernels. The harness calls
+the kernel through a function pointer (every kernel argument is a pointer, so a kernel with ``n``
+arguments is called as ``void (*)(void*, ..., void*)``), so one harness serves every generated library.
+It is built once with the kernel flags and cached on disk like any kernel (``compiler.runtime.cbuild``).
+
+Exported functions:
+
+``void kiln_harness_set_threads(int n)``
+    OpenMP threads for every kernel this process runs (the ICV is process-wide in libgomp).
+``double kiln_harness_warmup(void* fn, int nargs, void** args, double min_us, long max_calls)``
+    Calls the kernel until ``min_us`` microseconds have passed (at least once, at most ``max_calls``
+    calls) and returns the mean time of one call in microseconds.
+``int kiln_harness_time(void* fn, int nargs, void** args, long number, int min_repeats, int max_repeats,
+double min_total_us, double* out_us)``
+    Takes samples, each the mean of ``number`` back-to-back calls in microseconds, until at least
+    ``min_repeats`` samples and ``min_total_us`` microseconds of measured time (or ``max_repeats``
+    samples); returns the number of samples written to ``out_us``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MAX_ARGS = 64  # kernels with more buffer arguments than this cannot be timed
+
+
+def _call_switch() -> str:
+    cases = []
+    for n in range(1, MAX_ARGS + 1):
+        proto = ", ".join(["void*"] * n)
+        args = ", ".join(f"a[{i}]" for i in range(n))
+        cases.append(f"    case {n}: ((void (*)({proto}))fn)({args}); return 0;")
+    return "\n".join(cases)
+
+
+def harness_source() -> str:
+    """The C source of the harness."""
+    return f"""/* kiln timing harness */
+#include <omp.h>
+#include <time.h>
+
+static double kiln_now_us(void) {{
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}}
+
+static int kiln_call(void* fn, int n, void** a) {{
+  switch (n) {{
+{_call_switch()}
+    default: return -1;
+  }}
+}}
+
+void kiln_harness_set_threads(int n) {{ if (n > 0) omp_set_num_threads(n); }}
+
+double kiln_harness_warmup(void* fn, int nargs, void** args, double min_us, long max_calls) {{
+  double start = kiln_now_us(), now = start;
+  long calls = 0;
+  while (calls < 1 || (now - start < min_us && calls < max_calls)) {{
+    if (kiln_call(fn, nargs, args) != 0) return -1.0;
+    now = kiln_now_us();
+    calls++;
+  }}
+  return (now - start) / (double)calls;
+}}
+
+int kiln_harness_time(void* fn, int nargs, void** args, long number, int min_repeats, int max_repeats,
+                      double min_total_us, double* out_us) {{
+  double total = 0.0;
+  int r = 0;
+  if (nargs < 1 || nargs > {MAX_ARGS}) return -1;
+  while (r < max_repeats && (r < min_repeats || total < min_total_us)) {{
+    double t0 = kiln_now_us();
+    for (long i = 0; i < number; ++i) kiln_call(fn, nargs, args);
+    double dt = kiln_now_us() - t0;
+    out_us[r++] = dt / (double)number;
+    total += dt;
+  }}
+  return r;
+}}
+"""
+
+
+def harness_library() -> Path:
+    """Path of the built harness shared object (built once, then taken from the kernel cache)."""
+    from compiler.runtime.cbuild import compile_source
+
+    return compile_source(harness_source())

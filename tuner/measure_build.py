@@ -1,0 +1,337 @@
+"""LocalBuilder: check, schedule, lower, generate C and compile candidates in a pool of worker processes.
+
+Throughput: gcc dominates, and a gcc call has a fixed cost (process start, the math prelude) of about
+60 ms, so the candidates of a batch are compiled together: the valid ones are cut into chunks of at most
+``max_batch`` (at least one chunk per worker), each worker schedules, lowers and prints its chunk as ONE
+translation unit (kernels ``cand<i>``) and runs ONE gcc on it. When gcc fails, the kernels that own its
+error lines get ``compile_error`` with gcc's lines and the rest are compiled again; when the errors cannot
+be attributed, the candidates are compiled one by one, so a bad candidate never sinks the others.
+
+Workers are spawned once and stay alive between batches; each one keeps the groups it has rebuilt (from
+the workload's canonical JSON, so no model weights travel) by task. Per-candidate timeout: gcc gets
+``timeout_s`` per kernel of its translation unit; a worker that does not answer within ``timeout_s * (2k +
+1)`` for a chunk of k (a hang in scheduling or codegen) is killed and its chunk is retried one candidate at
+a time; the candidate that still does not finish is ``compile_error`` ("build timed out").
+
+Artifacts (``.c`` and ``.so``) go to a private temporary directory; ``release`` deletes them after the run
+and ``close`` removes the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from compiler.errors import ScheduleError
+from db.status import Status
+from tuner.measure import Builder, BuildResult, MeasureInput
+from tuner.measure_pool import WorkerPool
+
+Codegen = Callable[[Sequence[Any], Any], str]  # (lowered PrimFuncs, target) -> C source
+
+
+class LocalBuilder(Builder):
+    """Builds CPU candidates with gcc in ``workers`` processes (default: one per available core).
+
+    A batch is cut into at least ``chunks_per_worker`` chunks per worker (smaller chunks balance the
+    workers better: compile times of candidates differ by 10x; each chunk costs one more gcc start) and
+    chunks hold at most ``max_batch`` kernels. ``codegen`` replaces ``compiler.codegen.c.generate_c`` (a
+    picklable module-level function; tests use it to inject invalid C)."""
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout_s: float = 30.0,
+        max_batch: int = 8,
+        chunks_per_worker: int = 2,
+        codegen: Codegen | None = None,
+        work_dir: str | Path | None = None,
+    ) -> None:
+        self.workers = workers or len(os.sched_getaffinity(0))
+        self.timeout_s = float(timeout_s)
+        self.max_batch = max(1, int(max_batch))
+        self.chunks_per_worker = max(1, int(chunks_per_worker))
+        self.codegen = codegen
+        self._own_dir = work_dir is None
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="kiln-build-"))
+        self._pool: WorkerPool | None = None
+        self._batches = 0
+
+    # ------------------------------------------------------------------ parent side
+    def build(self, inputs: Sequence[MeasureInput]) -> list[BuildResult]:
+        results: list[BuildResult | None] = [None] * len(inputs)
+        valid: list[int] = []
+        for i, inp in enumerate(inputs):
+            t0 = time.perf_counter()
+            if inp.task.target.kind != "cpu":
+                results[i] = BuildResult(
+                    Status.COMPILE_ERROR,
+                    f"LocalBuilder compiles C for cpu targets, not {inp.task.target.kind}",
+                )
+                continue
+            try:
+                inp.task.check(inp.config)
+            except Exception as exc:  # ScheduleError, or a config that is not even a dict
+                results[i] = BuildResult(Status.INVALID_CONFIG, str(exc), seconds=time.perf_counter() - t0)
+                continue
+            valid.append(i)
+        if valid:
+            self._batches += 1
+            for i, r in self._compile(inputs, valid).items():
+                results[i] = r
+        return [r if r is not None else BuildResult(Status.COMPILE_ERROR, "not built") for r in results]
+
+    def _compile(self, inputs: Sequence[MeasureInput], valid: list[int]) -> dict[int, BuildResult]:
+        n_chunks = max(
+            min(self.workers * self.chunks_per_worker, len(valid)), -(-len(valid) // self.max_batch)
+        )
+        chunks = [valid[k::n_chunks] for k in range(n_chunks)]
+        out: dict[int, BuildResult] = {}
+        retry: list[int] = []
+        for chunk, (kind, reply) in zip(chunks, self._run_jobs(inputs, chunks)):
+            if kind == "ok" and reply[0] == "built":
+                out.update({i: BuildResult(**fields) for i, fields in reply[1].items()})
+            elif len(chunk) > 1:
+                retry.extend(chunk)  # a hang or crash somewhere in the chunk: find it one by one
+            else:
+                out[chunk[0]] = self._failure(kind, reply)
+        if retry:
+            singles = [[i] for i in retry]
+            for chunk, (kind, reply) in zip(singles, self._run_jobs(inputs, singles)):
+                if kind == "ok" and reply[0] == "built":
+                    out.update({i: BuildResult(**fields) for i, fields in reply[1].items()})
+                else:
+                    out[chunk[0]] = self._failure(kind, reply)
+        return out
+
+    def _failure(self, kind: str, reply: Any) -> BuildResult:
+        if kind == "timeout":
+            return BuildResult(
+                Status.COMPILE_ERROR, f"build timed out ({reply}); the builder worker was killed"
+            )
+        if kind == "died":
+            return BuildResult(Status.COMPILE_ERROR, f"builder worker {reply} while building this candidate")
+        detail = reply[1] if isinstance(reply, tuple) and len(reply) > 1 else reply
+        return BuildResult(Status.COMPILE_ERROR, f"builder worker error:\n{detail}")
+
+    def _run_jobs(self, inputs: Sequence[MeasureInput], chunks: list[list[int]]) -> list[tuple[str, Any]]:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self._pool is None:
+            self._pool = WorkerPool(self.workers, _builder_main, (), "kiln-builder")
+            self._pool.start()
+        pool = self._pool
+
+        def prepare(w: int, chunk: list[int]) -> dict[str, Any]:
+            # task definitions travel with every job (a few KB); workers rebuild each group once
+            tasks = {}
+            items = []
+            for i in chunk:
+                task = inputs[i].task
+                tid = _task_id(task)
+                if tid not in tasks:
+                    tasks[tid] = (task.group.canonical(), task.sketch, task.target)
+                items.append((i, tid, inputs[i].config))
+            stem = self.work_dir / f"b{self._batches}_{chunk[0]}_{len(chunk)}"
+            return {
+                "tasks": tasks,
+                "items": items,
+                "stem": str(stem),
+                "timeout": self.timeout_s,
+                "codegen": self.codegen,
+            }
+
+        timeouts = [self.timeout_s * (2 * len(c) + 1) for c in chunks]
+        return pool.run(chunks, prepare, timeouts)
+
+    def release(self, results: Sequence[BuildResult]) -> None:
+        for path in {r.artifact for r in results if r.artifact}:
+            for p in (Path(path), Path(path).with_suffix(".c")):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _task_id(task: Any) -> str:
+    s = task.sketch
+    cls = f"{type(s).__module__}.{type(s).__qualname__}"
+    return f"{task.workload_key}/{cls}/{s.name}/{s.version}/{task.target.key}"
+
+
+# ---------------------------------------------------------------------- worker side
+def _builder_main(conn: Any) -> None:
+    import importlib
+
+    from tuner.measure_pool import serve
+
+    # import everything a build needs before announcing readiness, so no candidate pays for it
+    for module in ("compiler.codegen.c", "compiler.fusion", "compiler.loopir", "compiler.sketches"):
+        importlib.import_module(module)
+
+    serve(conn, _BuildWorker().handle)
+
+
+class _BuildWorker:
+    def __init__(self) -> None:
+        self.tasks: dict[str, tuple[Any, Any, Any]] = {}
+
+    def handle(self, req: dict[str, Any]) -> tuple[str, dict[int, dict[str, Any]]]:
+        from compiler.fusion import group_from_workload
+
+        for tid, (canonical, sketch, target) in req["tasks"].items():
+            if tid not in self.tasks:
+                self.tasks[tid] = (group_from_workload(canonical), sketch, target)
+        return "built", build_chunk(
+            [(i, *self.tasks[tid], config) for i, tid, config in req["items"]],
+            req["stem"],
+            req["timeout"],
+            req["codegen"],
+        )
+
+
+def build_chunk(
+    items: list[tuple[int, Any, Any, Any, Any]], stem: str, timeout: float, codegen: Codegen | None = None
+) -> dict[int, dict[str, Any]]:
+    """Schedule, lower, print and compile ``items`` = [(index, group, sketch, target, config)] as one
+    translation unit ``stem.c`` -> ``stem.so``; returns BuildResult fields by index."""
+    from compiler.codegen.c import generate_c
+    from compiler.loopir import lower_func
+
+    gen = codegen or generate_c
+    out: dict[int, dict[str, Any]] = {}
+    funcs: dict[int, Any] = {}
+    target = None
+    spent: dict[int, float] = {}
+    for i, group, sketch, tgt, config in items:
+        t0 = time.perf_counter()
+        target = tgt
+        try:
+            func = lower_func(sketch.build(group, config, tgt).func)
+            func.name = f"cand{i}"
+            funcs[i] = func
+        except ScheduleError as exc:
+            out[i] = _fields(Status.INVALID_CONFIG, f"the sketch rejected the config while building: {exc}")
+        except Exception as exc:
+            out[i] = _fields(Status.COMPILE_ERROR, f"scheduling/lowering failed: {type(exc).__name__}: {exc}")
+        spent[i] = time.perf_counter() - t0
+    attempt = 0
+    while funcs:
+        t0 = time.perf_counter()
+        try:
+            source = gen(list(funcs.values()), target)
+        except Exception:
+            source = None
+        if source is not None:
+            so = f"{stem}_{attempt}.so"
+            attempt += 1
+            ok, message = _gcc(source, so, timeout * len(funcs))
+            _charge(spent, funcs, time.perf_counter() - t0)
+            if ok:
+                for i, f in funcs.items():
+                    out[i] = _ok(so, f)
+                break
+            blamed = (
+                _blame(source, message, {f.name: i for i, f in funcs.items()})
+                if len(funcs) > 1
+                else {i: message for i in funcs}
+            )
+            if blamed:
+                for i, msg in blamed.items():
+                    out[i] = _fields(Status.COMPILE_ERROR, msg)
+                    funcs.pop(i)
+                continue
+        # code generation failed for the batch, or gcc's errors belong to nobody in particular
+        for i, f in funcs.items():
+            t0 = time.perf_counter()
+            try:
+                ok, message = _gcc(gen([f], target), f"{stem}_s{i}.so", timeout)
+            except Exception as exc:
+                ok, message = False, f"code generation failed: {type(exc).__name__}: {exc}"
+            out[i] = _ok(f"{stem}_s{i}.so", f) if ok else _fields(Status.COMPILE_ERROR, message)
+            spent[i] += time.perf_counter() - t0
+        break
+    for i in out:
+        out[i]["seconds"] = spent.get(i, 0.0)
+    return out
+
+
+def _charge(spent: dict[int, float], funcs: dict[int, Any], seconds: float) -> None:
+    for i in funcs:
+        spent[i] += seconds / len(funcs)
+
+
+def _ok(so: str, f: Any) -> dict[str, Any]:
+    params = [[b.name, list(b.shape), b.dtype] for b in f.params]
+    info = {"params": params, "num_inputs": f.num_inputs, "input_layouts": f.attrs.get("input_layouts") or {}}
+    return _fields(Status.OK, "", so, f.name, info=info)
+
+
+def _fields(
+    status: Status,
+    error: str,
+    artifact: str | None = None,
+    symbol: str | None = None,
+    info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {"status": status, "error": error, "artifact": artifact, "symbol": symbol, "info": info or {}}
+
+
+def _gcc(source: str, so: str, timeout: float) -> tuple[bool, str]:
+    """Compile ``source`` into ``so`` with the kernel flags; (ok, gcc's error text)."""
+    from compiler.runtime.cbuild import CC, FLAGS, LIBS
+
+    c_path = so[:-3] + ".c"
+    with open(c_path, "w") as f:
+        f.write(source)
+    try:
+        proc = subprocess.run(
+            [CC, *FLAGS, "-o", so, c_path, *LIBS], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"gcc timed out after {timeout:.3g} s"
+    except OSError as exc:
+        return False, f"cannot run the C compiler {CC!r}: {exc}"
+    if proc.returncode != 0:
+        return False, _quote(proc.stderr, c_path)
+    return True, ""
+
+
+def _quote(stderr: str, path: str) -> str:
+    lines = [ln.replace(path, "kernel.c") for ln in stderr.splitlines() if "error" in ln]
+    return "gcc failed:\n" + ("\n".join(lines[:20]) or stderr.strip()[-2000:])
+
+
+def _blame(source: str, message: str, names: dict[str, int]) -> dict[int, str]:
+    """Which candidates own gcc's error lines (``kernel.c:LINE:COL: error``), with their lines."""
+    spans = []
+    for n, line in enumerate(source.splitlines(), start=1):
+        m = re.match(r"void (\w+)\(", line)
+        if m:
+            spans.append((n, m.group(1)))
+    blamed: dict[int, list[str]] = {}
+    for line in message.splitlines()[1:]:
+        m = re.match(r"kernel\.c:(\d+):\d+: (?:fatal )?error", line)
+        if not m:
+            continue
+        owner = [name for start, name in spans if start <= int(m.group(1))]
+        if not owner or owner[-1] not in names:
+            return {}  # an error in the prelude or the glue: nobody in particular
+        blamed.setdefault(names[owner[-1]], []).append(line)
+    return {i: "gcc failed:\n" + "\n".join(lines[:20]) for i, lines in blamed.items()}
