@@ -5,7 +5,8 @@ A worker is a ``spawn`` process (never ``fork``: the parent may hold threads) th
 reply. The worker puts itself in its own process group, so killing it also kills what it started (gcc).
 A worker that does not answer before its deadline is killed (:class:`WorkerTimeout`); one that dies
 (segfault, abort, ``os._exit``) raises :class:`WorkerDied` naming the signal or exit status. Either way the
-next request restarts it. Only processes started here are ever signalled.
+next request restarts it. A worker is killed when its parent dies (Linux ``PR_SET_PDEATHSIG``), so a hung
+kernel never outlives the tuner. Only processes started here are ever signalled.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 import traceback
 from collections import deque
@@ -50,6 +52,7 @@ def serve(conn: Connection, handle: Callable[[Any], Any]) -> None:
     ``("error", traceback text)`` and the worker keeps serving."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    _die_with_parent()
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -63,6 +66,18 @@ def serve(conn: Connection, handle: Callable[[Any], Any]) -> None:
         except Exception:  # the handler's bug must not take the worker down
             reply = ("error", traceback.format_exc(limit=8))
         conn.send(reply)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, so a hung kernel never outlives the tuner."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent is already gone
+            os._exit(1)
 
 
 class Worker:
