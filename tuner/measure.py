@@ -286,6 +286,8 @@ class Measurer:
         for i, b, r in zip(unique, builds, runs):
             if r is None:
                 res = MeasureResult(None, b.status, b.error, b.seconds, 0.0)
+            elif r.status == Status.OK and not r.latencies_us:
+                res = MeasureResult(None, Status.RUNTIME_ERROR, "the runner reported no latencies", b.seconds)
             else:
                 lat = r.latencies_us if r.status == Status.OK else None
                 res = MeasureResult(lat, r.status, r.error, b.seconds, r.seconds)

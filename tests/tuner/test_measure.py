@@ -103,6 +103,11 @@ class _BrokenRunner(Runner):
         raise RuntimeError("runner bug")
 
 
+class _SilentRunner(Runner):
+    def run(self, inputs, builds):
+        return [RunResult(Status.OK, []) for _ in inputs]
+
+
 class _ShortBuilder(Builder):
     def build(self, inputs):
         return [BuildResult(Status.OK)]
@@ -115,6 +120,8 @@ def test_measurer_never_raises_for_broken_parts(task):
     res = Measurer(_ShortBuilder(), SimulatedRunner({})).measure(inputs)
     assert [r.status for r in res] == [Status.COMPILE_ERROR] * 2 and "returned 1 results" in res[0].error
     assert Measurer("simulated", SimulatedRunner({})).measure([]) == []
+    res = Measurer("simulated", _SilentRunner()).measure(inputs[:1])
+    assert res[0].status == Status.RUNTIME_ERROR and "no latencies" in res[0].error
 
 
 def test_factories_accept_names_and_instances():

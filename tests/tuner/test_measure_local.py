@@ -73,6 +73,10 @@ def test_crash_restarts_the_worker(measurer, task):
     runner = measurer.runner
     measurer.measure([MeasureInput(task, cfg("none"))])
     pid, starts = runner.worker.process.pid, runner.worker.restarts
+    # wrong results and out-of-bounds writes are caught in the worker, which keeps running
+    survived = measurer.measure([MeasureInput(task, cfg("wrong")), MeasureInput(task, cfg("oob_write"))])
+    assert [r.status for r in survived] == [Status.WRONG_RESULT, Status.RUNTIME_ERROR]
+    assert runner.worker.process.pid == pid and runner.worker.restarts == starts
     crashed = measurer.measure([MeasureInput(task, cfg("crash"))])
     assert crashed[0].status == Status.RUNTIME_ERROR and "crashed" in crashed[0].error
     after = measurer.measure([MeasureInput(task, cfg("none", 1))])
