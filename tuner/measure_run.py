@@ -15,6 +15,7 @@ calls (no flush): that is how a kernel runs inside a model whose working set fit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -195,6 +196,10 @@ class LocalRunner(Runner):
         if self._worker is not None:
             self._worker.close()
         self._loaded.clear()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def _signature_problem(build: BuildResult, data: TaskData, relaid: dict[int, np.ndarray]) -> str | None:
