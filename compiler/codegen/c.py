@@ -27,7 +27,7 @@ from compiler.errors import CompileError
 from compiler.loopir.stmt import Buffer, For, PrimFunc, Stmt
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
-CODEGEN_VERSION = "c-1"  # bump when generated code changes meaning (part of the kernel cache key)
+CODEGEN_VERSION = "c-2"  # bump when generated code changes meaning (part of the kernel cache key)
 
 
 class CPrinter(CStylePrinter):

@@ -86,11 +86,13 @@ static inline kiln_i32x{W} kiln_load_i32x{W}(const int32_t* p) {{
 }}
 static inline void kiln_store_f32x{W}(float* p, kiln_f32x{W} v) {{ __builtin_memcpy(p, &v, {B}); }}
 static inline void kiln_store_i32x{W}(int32_t* p, kiln_i32x{W} v) {{ __builtin_memcpy(p, &v, {B}); }}
+/* max(a, b) = a > b ? a : b and min(a, b) = a < b ? a : b: exactly x86 maxps/minps (a NaN in either
+   gives b), so one instruction where the ISA has it, a compare and a blend elsewhere */
 static inline kiln_f32x{W} kiln_max_f32x{W}(kiln_f32x{W} a, kiln_f32x{W} b) {{
-  return kiln_sel_f32x{W}(a > b, a, b);
+{maxbody}
 }}
 static inline kiln_f32x{W} kiln_min_f32x{W}(kiln_f32x{W} a, kiln_f32x{W} b) {{
-  return kiln_sel_f32x{W}(a < b, a, b);
+{minbody}
 }}
 static inline kiln_i32x{W} kiln_max_i32x{W}(kiln_i32x{W} a, kiln_i32x{W} b) {{
   return kiln_sel_i32x{W}(a > b, a, b);
@@ -122,8 +124,8 @@ _TEMPLATES = {
 /* exp(x) = 2^n * e^r, n = round(x*log2(e)), r = x - n*ln2 (Cody-Waite). 2^n is applied in two halves
    so that overflow gives +inf and subnormal results are rounded once. */
 static inline VF kiln_expSFX(VF x) {
-  VF xc = SEL(x > 88.8f, SPLAT(88.8f), x);
-  xc = SEL(xc < -104.0f, SPLAT(-104.0f), xc);
+  VF xc = CLAMPHI(88.8f, x);
+  xc = CLAMPLO(-104.0f, xc);
   VF t = xc * 1.44269502e+00f + 12582912.0f;
   VF n = t - 12582912.0f;
   VF r = xc - n * 6.93359375e-01f;
@@ -250,6 +252,22 @@ def _scale_block(width: int) -> str:
     return f"#if defined({macro})\n  return {call};\n#else\n{_SCALE_PORTABLE}#endif\n"
 
 
+_MINMAX_BUILTIN = {
+    16: ("__AVX512F__", "__builtin_ia32_{op}ps512_mask(a, b, a, (unsigned short)0xffff, 4)"),
+    8: ("__AVX__", "__builtin_ia32_{op}ps256(a, b)"),
+    4: ("__SSE__", "__builtin_ia32_{op}ps(a, b)"),
+}
+
+
+def _minmax_body(op: str, width: int) -> str:
+    macro, call = _MINMAX_BUILTIN[width]
+    cmp = ">" if op == "max" else "<"
+    return (
+        f"#if defined({macro})\n  return {call.format(op=op)};\n#else\n"
+        f"  return kiln_sel_f32x{width}(a {cmp} b, a, b);\n#endif"
+    )
+
+
 def _render(template: str, width: int) -> str:
     template = template.replace("SCALE_BLOCK", _scale_block(width))
     if width == 1:
@@ -259,6 +277,8 @@ def _render(template: str, width: int) -> str:
             "VI": "int32_t",
             "SFX": "f",
             "SEL(": "kiln_sel_f32(",
+            "CLAMPHI(88.8f, x)": "kiln_sel_f32(x > 88.8f, 88.8f, x)",
+            "CLAMPLO(-104.0f, xc)": "kiln_sel_f32(xc < -104.0f, -104.0f, xc)",
             "SPLAT(": "(",
             "ASU(": "kiln_bits_f32(",
             "ASF(": "kiln_f32_bits(",
@@ -272,6 +292,8 @@ def _render(template: str, width: int) -> str:
             "VI": f"kiln_i32x{w}",
             "SFX": f"_f32x{w}",
             "SEL(": f"kiln_sel_f32x{w}(",
+            "CLAMPHI(88.8f, x)": f"kiln_min_f32x{w}(kiln_splat_f32x{w}(88.8f), x)",
+            "CLAMPLO(-104.0f, xc)": f"kiln_max_f32x{w}(kiln_splat_f32x{w}(-104.0f), xc)",
             "SPLAT(": f"kiln_splat_f32x{w}(",
             "ASU(": f"(kiln_u32x{w})(",
             "ASF(": f"(kiln_f32x{w})(",
@@ -316,7 +338,16 @@ class Prelude:
         for w in sorted(self.widths):
             lanes = ", ".join("s" for _ in range(w))
             iota = ", ".join(str(i) for i in range(w))
-            parts.append(_VECTOR.format(W=w, B=4 * w, splat=lanes, iota=iota))
+            parts.append(
+                _VECTOR.format(
+                    W=w,
+                    B=4 * w,
+                    splat=lanes,
+                    iota=iota,
+                    maxbody=_minmax_body("max", w),
+                    minbody=_minmax_body("min", w),
+                )
+            )
         for name in MATH_FUNCS:  # dependency order: exp first
             for w in (1, *WIDTHS):
                 if (name, w) in self.funcs:

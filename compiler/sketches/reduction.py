@@ -81,7 +81,17 @@ class ReductionSketch(Sketch):
             Knob("unroll", (1, 2, 4), "unroll of the vectorized epilogue loop"),
             Knob("keep", keep, "recompute shared transcendental intermediates or keep the row in a buffer"),
             Knob("parallel", ("rows", "none"), "OpenMP over rows"),
+            Knob(
+                "div",
+                ("reciprocal", "exact") if self._divides(group) else ("exact",),
+                "divide by a per-row value, or multiply by its reciprocal computed once per row "
+                "(<= 1 ulp apart; division is several times slower)",
+            ),
         ]
+
+    @staticmethod
+    def _divides(group: Group) -> bool:
+        return any(n.op == "divide" for n in group.subgraph.nodes)
 
     @staticmethod
     def _has_shared_expensive(group: Group) -> bool:
@@ -128,6 +138,7 @@ class ReductionSketch(Sketch):
             "unroll": 1,
             "keep": "buffer" if self._has_shared_expensive(group) else "recompute",
             "parallel": "rows" if rows >= 16 else "none",
+            "div": "reciprocal" if self._divides(group) else "exact",
         }
         if not row_form(group):
             config["keep"] = "recompute"
@@ -167,6 +178,8 @@ class ReductionSketch(Sketch):
                 continue
             sch.compute_inline(b)
         main = [b for b in sch.blocks() if any(id(w) in outs for w in A.writes(b))][-1]
+        if config.get("div") == "reciprocal":
+            _reciprocal_divisions(main)
         shape, axes = _reduce_info(group)
         loops = sch.get_loops(main)
         n_sp = sum(1 for iv in main.iter_vars if iv.kind == "S")
@@ -255,9 +268,38 @@ class ReductionSketch(Sketch):
         wb_loops = sch.get_loops(wb)
         if wb_loops and wb_loops[-1].extent == acc * v:
             sch.decompose_reduction(wb, wb_loops[-1])
+            # a fully unrolled horizontal reduction leaves only constant indices into the partials,
+            # so the codegen keeps the accumulators in vector registers
+            sch.unroll(wb_loops[-1])
 
     @staticmethod
     def _drives_reduce(b: Block, lp: For) -> bool:
         from compiler.loopir.expr import free_vars
 
         return any(iv.kind == "R" and lp.var in free_vars(e) for iv, e in zip(b.iter_vars, b.bindings))
+
+
+def _reciprocal_divisions(block: Block) -> None:
+    """``a / b`` with ``b`` constant along the row (it reads no column iteration variable) becomes
+    ``a * recip(b)``: the reciprocal is loop-invariant in the column loop, so it is computed once per row."""
+    from compiler.loopir.expr import Binary, Call, free_vars, transform
+    from compiler.loopir.stmt import BufferStore
+
+    reduced = {iv.var for iv in block.iter_vars if iv.kind == "S"}
+    if not reduced:
+        return
+    col = {iv.var for iv in block.iter_vars[-1:]}  # the innermost (column) iteration variable
+
+    def swap(e):
+        if (
+            isinstance(e, Binary)
+            and e.op == "/"
+            and not (free_vars(e.b) & col)
+            and e.dtype.startswith("float")
+        ):
+            return Binary("*", e.a, Call("recip", (e.b,), e.dtype), e.dtype)
+        return None
+
+    for st in A.block_stores(block):
+        assert isinstance(st, BufferStore)
+        st.value = transform(st.value, swap)
