@@ -39,6 +39,7 @@ from compiler.loopir.stmt import (
     SeqStmt,
     Stmt,
     seq,
+    walk_stmts,
 )
 
 UNROLL_MAX_EXTENT = 32
@@ -57,6 +58,13 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     root = func.body
     if not isinstance(root, Block):
         return func
+    gpu = any(isinstance(s, For) and s.kind == "thread" for s in walk_stmts(root))
+    if gpu:  # thread axes, cross-thread reductions (compiler.loopir.lower_cuda)
+        from compiler.loopir import lower_cuda
+
+        func = lower_cuda.prepare(func)
+        root = func.body
+        assert isinstance(root, Block)
     plans = {id(b): _plan(root, b) for b in root.alloc_buffers}
     by_site: dict[int, list[_Compact]] = {}
     for p in plans.values():
@@ -67,7 +75,8 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     body = _hoist_ifs(_clean(body, {}))
     if unroll:
         body = _unroll(body)
-    return PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+    out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+    return lower_cuda.finish(out) if gpu else out
 
 
 def _plan(root: Block, buf: Buffer) -> _Compact:
@@ -88,10 +97,12 @@ def _plan(root: Block, buf: Buffer) -> _Compact:
             prefix.pop()
     if buf.scope == "global" and any(lp.kind == "thread" for lp in prefix):
         prefix = []
-    outer = A.loop_ranges(prefix)
+    # a local buffer is per thread: loops bound to thread axes are fixed points of its region
+    fixed = [lp for ch in chains for lp in ch if lp.kind == "thread"] if buf.scope == "local" else []
+    outer = A.loop_ranges([*prefix, *fixed])
     accesses, inner = [], {}
     for b, chain in zip(blocks, chains):
-        inner.update(A.loop_ranges(lp for lp in chain if lp not in prefix))
+        inner.update(A.loop_ranges(lp for lp in chain if lp not in prefix and lp not in fixed))
         accesses += A.accesses_in_loop_vars(b, buf, "r") + A.accesses_in_loop_vars(b, buf, "w")
     reg = A.region(accesses, buf.shape, inner, outer, clip=True)
     shape = tuple(ext for _, ext in reg)
