@@ -1,0 +1,82 @@
+"""Helpers shared by the CUDA builds of the sketches (``cuda_pointwise``, ``cuda_reduction``,
+``cuda_contraction``): thread mappings of a loop, cooperative copies, per-thread scopes.
+
+Every helper is written with the schedule primitives; none emits code."""
+
+from __future__ import annotations
+
+from compiler.errors import ScheduleError
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import Load, replace_buffer_loads
+from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Block, Buffer, BufferStore, For, walk_stmts
+
+
+def thread_split(
+    sch: Schedule, loop: For, threads: int, vector: int, unroll: bool = True
+) -> tuple[For, For, For]:
+    """Map ``loop`` onto ``threads`` threads of threadIdx.x, ``vector`` consecutive elements each per
+    step: index = (step * threads + tx) * vector + lane. Returns (tx loop, step loop, lane loop); the
+    step loop is outermost-but-one (tx, step, lane), so consecutive threads touch consecutive vectors."""
+    step_v, lane = sch.split(loop, [None, vector])
+    step, tx = sch.split(step_v, [None, threads])
+    sch.reorder(tx, step)
+    sch.bind(tx, "threadIdx.x")
+    if vector > 1:
+        try:
+            sch.vectorize(lane)
+        except ScheduleError:  # a reduction lane or a loop that is not innermost: unroll instead
+            sch.unroll(lane)
+    if unroll and step.extent <= 32 and step.extent > 1:
+        sch.unroll(step)
+    return tx, step, lane
+
+
+def cooperative(sch: Schedule, block: Block, at: For, threads_y: int, threads_x: int, vector: int) -> None:
+    """Spread the loops of a copy block inside ``at`` over all ``threads_y x threads_x`` threads of the
+    block (fuse them, then [ty, tx, steps, lane]); ``vector`` consecutive elements per thread and step."""
+    loops = sch.get_loops(block)
+    own = loops[loops.index(at) + 1 :]
+    if not own:
+        return
+    f = sch.fuse(*own) if len(own) > 1 else own[0]
+    v = vector if f.extent % vector == 0 else 1
+    outer, lane = sch.split(f, [None, v])
+    steps, ty, tx = sch.split(outer, [None, threads_y, threads_x])
+    sch.reorder(ty, tx, steps)
+    if threads_y > 1:
+        sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if v > 1:
+        sch.vectorize(lane)
+    if 1 < steps.extent <= 8:
+        sch.unroll(steps)
+
+
+def share_cache(sch: Schedule, cache_block: Block, src: Buffer, consumers: list[Block]) -> None:
+    """Make ``consumers`` read the cache that ``cache_read`` made for another consumer of ``src``
+    (cache_read for several consumers: one copy, read by all of them). The copy block runs before
+    every consumer (program order), so the values are the same."""
+    cache = A.writes(cache_block)[0]
+    order = {id(b): k for k, b in enumerate(sch.blocks())}
+    for b in consumers:
+        if order[id(b)] < order[id(cache_block)]:
+            raise ScheduleError(f"share_cache: block {b.name} runs before the copy of {src.name}")
+        for s in walk_stmts(b):
+            if isinstance(s, BufferStore):
+                s.value = replace_buffer_loads(
+                    s.value, lambda ld: Load(cache, ld.indices) if ld.buffer is src else None
+                )
+    sch._log(f"share_cache({cache.name}, {', '.join(b.name for b in consumers)})")
+
+
+def localize(sch: Schedule, keep_global: set[int] | None = None) -> None:
+    """Every intermediate buffer not placed in shared memory lives in registers/local memory."""
+    keep = keep_global or set()
+    for buf in sch.root.alloc_buffers:
+        if buf.scope == "global" and buf.uid not in keep:
+            sch.set_scope(buf, "local")
+
+
+def is_param(sch: Schedule, buf: Buffer) -> bool:
+    return any(p is buf for p in sch.func.params)
