@@ -14,7 +14,11 @@ from compiler.runtime.memory_plan import BufferSpec, Launch
 from compiler.te import TEProgram, compute, lower, placeholder
 
 
-def _copy_func(src: Value, name: str):
+def _copy_func(src: Value, name: str, target=None):
+    if target is not None and target.kind == "cuda":
+        from compiler.sketches.cuda_pointwise import copy_func
+
+        return copy_func(src.shape, src.dtype, name)
     x = placeholder(src.shape, src.dtype, "src")
     y = compute(src.shape, lambda *i: x[i] if i else x[()], "dst")
     return lower_func(lower(TEProgram(name, [x], [y], [y])))
@@ -108,7 +112,7 @@ def assemble(plan) -> CompiledModel:
             name = f"copy_out{n}"
             out_v = Value(v.type, "node", f"output{n}")
             j = add(out_v, "output", v.name or f"output{n}")
-            funcs.append(_copy_func(v, name))
+            funcs.append(_copy_func(v, name, plan.target))
             launches.append(Launch(name, [src, j]))
             infos.append(KernelInfo(name, None, "copy", {}, {"origin": "default"}))
             i = j
@@ -120,7 +124,12 @@ def assemble(plan) -> CompiledModel:
         "groups": len(plan.fused.groups),
         "views": len(plan.views),
     }
-    return CompiledModel.from_funcs(
+    cls = CompiledModel
+    if plan.target.kind == "cuda":
+        from compiler.runtime.cuda_executor import CudaCompiledModel
+
+        cls = CudaCompiledModel  # type: ignore[assignment]
+    return cls.from_funcs(
         g.name,
         funcs,
         buffers,

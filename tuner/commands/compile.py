@@ -84,9 +84,9 @@ def _inputs(model, path: str | None):
 def run_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from compiler.runtime import CompiledModel
+    from compiler.runtime.cuda_executor import load_compiled
 
-    model = CompiledModel.load(args.path)
+    model = load_compiled(args.path)  # a CPU or a CUDA model directory
     inputs = _inputs(model, args.inputs)
     outputs = model.run(inputs)
     stats = model.timeit(inputs, repeats=args.repeats, warmup=args.warmup)
