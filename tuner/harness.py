@@ -13,10 +13,12 @@ Exported functions:
     Calls the kernel until ``min_us`` microseconds have passed (at least once, at most ``max_calls``
     calls) and returns the mean time of one call in microseconds.
 ``int kiln_harness_time(void* fn, int nargs, void** args, long number, int min_repeats, int max_repeats,
-double min_total_us, double* out_us)``
-    Takes samples, each the mean of ``number`` back-to-back calls in microseconds, until at least
-    ``min_repeats`` samples and ``min_total_us`` microseconds of measured time (or ``max_repeats``
-    samples); returns the number of samples written to ``out_us``.
+double min_total_us, double max_sample_us, double* out_us)``
+    Takes samples, each the mean time of up to ``number`` back-to-back calls in microseconds, until at
+    least ``min_repeats`` samples and ``min_total_us`` microseconds of measured time (or ``max_repeats``
+    samples); returns the number of samples written to ``out_us``. A sample ends early once it has run
+    for ``max_sample_us`` (the clock is read every ``number / 64`` calls), so a kernel that becomes much
+    slower than its warm-up suggested (a loaded machine) cannot stretch the measurement to a timeout.
 """
 
 from __future__ import annotations
@@ -68,15 +70,25 @@ double kiln_harness_warmup(void* fn, int nargs, void** args, double min_us, long
 }}
 
 int kiln_harness_time(void* fn, int nargs, void** args, long number, int min_repeats, int max_repeats,
-                      double min_total_us, double* out_us) {{
+                      double min_total_us, double max_sample_us, double* out_us) {{
   double total = 0.0;
   int r = 0;
+  long stride = number / 64 > 0 ? number / 64 : 1;
   if (nargs < 1 || nargs > {MAX_ARGS}) return -1;
   while (r < max_repeats && (r < min_repeats || total < min_total_us)) {{
-    double t0 = kiln_now_us();
-    for (long i = 0; i < number; ++i) kiln_call(fn, nargs, args);
-    double dt = kiln_now_us() - t0;
-    out_us[r++] = dt / (double)number;
+    double t0 = kiln_now_us(), dt = 0.0;
+    long calls = 0, until_check = stride;
+    for (;;) {{
+      kiln_call(fn, nargs, args);
+      calls++;
+      if (calls >= number) {{ dt = kiln_now_us() - t0; break; }}
+      if (--until_check == 0) {{
+        until_check = stride;
+        dt = kiln_now_us() - t0;
+        if (dt > max_sample_us) break;
+      }}
+    }}
+    out_us[r++] = dt / (double)calls;
     total += dt;
   }}
   return r;

@@ -9,8 +9,10 @@ the signal. Either way the next candidate starts a fresh worker, so nothing a ba
 Timing happens in C (``tuner.harness``): after the verification run, a warm-up of ``warmup_ms``, then
 samples of ``number`` back-to-back calls (``number`` chosen so a sample takes about ``min_time_ms /
 samples``) until ``min_time_ms`` of measured time and at least ``min_repeats`` samples (at most
-``max_repeats``). Each latency is one sample's mean per call, in microseconds. Caches stay warm between
-calls (no flush): that is how a kernel runs inside a model whose working set fits the caches.
+``max_repeats``). Each latency is one sample's mean per call, in microseconds. A sample stops early after
+four times its planned duration, so a kernel that slows down on a loaded machine (OpenMP threads waiting
+for a descheduled sibling) is measured slow rather than timed out. Caches stay warm between calls (no
+flush): that is how a kernel runs inside a model whose working set fits the caches.
 """
 
 from __future__ import annotations

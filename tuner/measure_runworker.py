@@ -111,7 +111,7 @@ class _RunWorker:
         vp, i, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
         h.kiln_harness_warmup.argtypes = [vp, i, vp, d, ctypes.c_long]
         h.kiln_harness_warmup.restype = d
-        h.kiln_harness_time.argtypes = [vp, i, vp, ctypes.c_long, i, i, d, vp]
+        h.kiln_harness_time.argtypes = [vp, i, vp, ctypes.c_long, i, i, d, d, vp]
         h.kiln_harness_time.restype = i
         self.tasks: dict[str, _Task] = {}
         self.libs: OrderedDict[str, ctypes.CDLL] = OrderedDict()
@@ -166,7 +166,7 @@ class _RunWorker:
         for o in task.outputs:
             o.poison()
         out = (ctypes.c_double * max(1, int(settings["max_repeats"])))()
-        self.h.kiln_harness_time(fn, nargs, args, 1, 1, 1, 0.0, out)
+        self.h.kiln_harness_time(fn, nargs, args, 1, 1, 1, 0.0, 0.0, out)
         problem = self._check(task, inputs)
         if problem is not None:
             return problem
@@ -181,6 +181,7 @@ class _RunWorker:
             int(settings["min_repeats"]),
             int(settings["max_repeats"]),
             float(settings["min_time_us"]),
+            4.0 * sample_us,
             out,
         )
         for o in task.outputs:
