@@ -309,9 +309,12 @@ def _stmt_exprs(s: Stmt) -> list[Expr]:
 
 def finish(func: PrimFunc) -> PrimFunc:
     """Guard single-thread stores, insert barriers and record the launch shape of every kernel."""
+    from compiler.loopir import lower_cuda_pipeline
+
     parts = []
     for part in kernel_parts(func.body):
         dims = thread_dims(part)
+        part = lower_cuda_pipeline.apply(part)
         part = _guard_stores(part, dims, frozenset())
         part, _ = _sync_stmt(part, dims, frozenset())
         parts.append(part)
@@ -455,6 +458,8 @@ def _sync_stmt(s: Stmt, dims: dict[str, int], uniform: frozenset[Var]) -> tuple[
         other = _sync_stmt(s.else_, dims, uniform)[0] if s.else_ is not None else None
         return IfThenElse(s.cond, then, other), True
     if isinstance(s, For):
+        if s.annotations.get("kiln_synced"):
+            return s, False  # barriers placed by the pipeline transform
         if s.kind == "thread":
             if is_thread_axis(s.thread) and s.extent != dims.get(s.thread or "", s.extent):
                 return s, False  # a partial thread loop: threads diverge inside

@@ -52,7 +52,7 @@ def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -
     out_blocks = [b for b in sch.blocks() if any(id(w) in outs for w in A.writes(b))]
     main = out_blocks[-1]
     for b in out_blocks[:-1]:
-        if not sketch._reaches(sch, b, main):
+        if not _reaches(sch, b, main):
             raise ScheduleError(
                 f"reduction (cuda): output {A.writes(b)[0].name} does not feed the last output"
             )
@@ -61,7 +61,7 @@ def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -
     n_sp = sum(1 for iv in main.iter_vars if iv.kind == "S")
     spatial = loops[:n_sp]
     if not row_form(group):
-        return _per_element(sketch, sch, main, spatial, config)
+        return _per_element(sch, main, spatial, config)
     n_row = len(shape) - len(axes)
     full = len(spatial) == len(shape) and not main.is_reduction
     row_loops = spatial[:n_row] if full else spatial
@@ -70,7 +70,7 @@ def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -
         raise ScheduleError("reduction (cuda): a reduction of every axis (no rows) has no CUDA schedule")
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     for b in reversed([b for b in sch.blocks() if b is not main]):
-        if sketch._reaches(sch, b, main):
+        if _reaches(sch, b, main):
             sch.compute_at(b, row)
     col = (sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]) if col_loops else None
     t, rpb, v, u = config["threads_per_row"], config["rows_per_block"], config["vector"], config["unroll"]
@@ -83,7 +83,7 @@ def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -
     if registers:
         _keep_row(sch, ry, tuple(shape), t, v)
     for b in [b for b in sch.blocks() if b.is_reduction]:
-        _cross_thread(sketch, sch, b, ry, t, v, u, registers)
+        _cross_thread(sch, b, ry, t, v, u, registers)
     if col is not None:
         _, step, lane = _map_cols(sch, col, t, v)
         if v > 1:
@@ -119,9 +119,9 @@ def _drives_any_reduce(sch: Schedule, loop: For) -> bool:
     return any(_drives(b, loop) for b in A.blocks_under(loop))
 
 
-def _cross_thread(sketch, sch: Schedule, b: Block, row: For, t: int, v: int, u: int, registers: bool) -> None:
+def _cross_thread(sch: Schedule, b: Block, row: For, t: int, v: int, u: int, registers: bool) -> None:
     """rfactor the row reduction of ``b`` over T threads, then all-reduce the partial results."""
-    rloops = [lp for lp in sch.get_loops(b) if sketch._drives_reduce(b, lp)]
+    rloops = [lp for lp in sch.get_loops(b) if _drives(b, lp)]
     k = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
     tx, step, lane = _map_cols(sch, k, t, v)
     rf = sch.rfactor(tx)
@@ -187,7 +187,7 @@ def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int) -
     sch.transform_layout(cache, index_map, [*lead, t, steps, v])
 
 
-def _per_element(sketch, sch: Schedule, main: Block, spatial: list[For], config: Config) -> Schedule:
+def _per_element(sch: Schedule, main: Block, spatial: list[For], config: Config) -> Schedule:
     """One output element per thread; the reductions run serially inside (non-trailing axes)."""
     threads = max(32, min(1024, config["threads_per_row"] * config["rows_per_block"]))
     if not spatial:
@@ -198,7 +198,7 @@ def _per_element(sketch, sch: Schedule, main: Block, spatial: list[For], config:
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     for b in reversed([b for b in sch.blocks() if b is not main]):
-        if sketch._reaches(sch, b, main):
+        if _reaches(sch, b, main):
             sch.compute_at(b, tx)
     if main.is_reduction and main.init is not None:
         loops = sch.get_loops(main)
@@ -207,3 +207,16 @@ def _per_element(sketch, sch: Schedule, main: Block, spatial: list[For], config:
             sch.decompose_reduction(main, rl[0])
     localize(sch)
     return sch
+
+
+def _reaches(sch: Schedule, src: Block, dst: Block) -> bool:
+    """Whether ``dst`` reads, directly or through other blocks, what ``src`` writes."""
+    frontier = {w.uid for w in A.writes(src)}
+    for b in sch.blocks():  # program order is a topological order
+        if b is src:
+            continue
+        if any(r.uid in frontier for r in A.reads(b)):
+            if b is dst:
+                return True
+            frontier.update(w.uid for w in A.writes(b))
+    return False
