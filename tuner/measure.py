@@ -16,7 +16,9 @@ Roles (one ABC each, contracts in the docstrings):
   (see :func:`create_runner`).
 
 Factories accept a name or an instance: ``create_builder("local")``, ``create_runner("simulated",
-timings=...)``, ``Measurer("local", my_runner)``.
+timings=...)``, ``Measurer("local", my_runner)``; ``create_measurer(target, workers)`` is what ``kiln tune``
+uses. A batch is built completely before anything runs (compilation never disturbs a timing), and worker
+processes stay alive between batches until ``close()``.
 """
 
 from __future__ import annotations
