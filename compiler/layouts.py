@@ -19,10 +19,15 @@ from compiler.errors import KilnError
 class TilePack:
     axis: int
     tile: int
+    pad_to: int = 1  # pad the axis to a multiple of this (a multiple of tile: the loops' coverage)
+
+    def _padded(self, n: int) -> int:
+        step = max(self.tile, self.pad_to)
+        return -(-n // step) * step
 
     def shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         others = [d for k, d in enumerate(shape) if k != self.axis]
-        return (-(-shape[self.axis] // self.tile), *others, self.tile)
+        return (self._padded(shape[self.axis]) // self.tile, *others, self.tile)
 
     def index(self, idx: Sequence[Any]) -> list[Any]:
         others = [i for k, i in enumerate(idx) if k != self.axis]
@@ -30,7 +35,7 @@ class TilePack:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         n = x.shape[self.axis]
-        padded = -(-n // self.tile) * self.tile
+        padded = self._padded(n)
         widths = [(0, padded - n if k == self.axis else 0) for k in range(x.ndim)]
         y = np.pad(x, widths)
         y = y.reshape(*x.shape[: self.axis], padded // self.tile, self.tile, *x.shape[self.axis + 1 :])
@@ -38,12 +43,12 @@ class TilePack:
         return np.ascontiguousarray(np.moveaxis(y, self.axis + 1, -1))
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "tile_pack", "axis": self.axis, "tile": self.tile}
+        return {"kind": "tile_pack", "axis": self.axis, "tile": self.tile, "pad_to": self.pad_to}
 
 
 def layout_from_json(data: dict[str, Any]) -> TilePack:
     if data.get("kind") == "tile_pack":
-        return TilePack(int(data["axis"]), int(data["tile"]))
+        return TilePack(int(data["axis"]), int(data["tile"]), int(data.get("pad_to", 1)))
     raise KilnError(f"unknown input layout {data!r}")
 
 

@@ -204,6 +204,14 @@ def _no_tasks(model: str) -> Exception:
     return UnknownKeyError(f"no tasks recorded for model {model!r}; run `kiln tune --model {model}` first")
 
 
+def _knob_validator(db, target_key: str):
+    """Validate each record's config against its sketch's knob space (rebuilt from the stored workload),
+    so `kiln query best` shows exactly what `kiln compile --db` would apply."""
+    from tuner.records import workload_validator
+
+    return workload_validator(db, target_key)
+
+
 def _query_best(args: argparse.Namespace) -> int:
     with _opened(args) as db:
         target = db.resolve_target(args.target)
@@ -213,7 +221,7 @@ def _query_best(args: argparse.Namespace) -> int:
                 raise _no_tasks(args.model)
         else:
             tasks = [(db.resolve_workload(args.workload), 1.0)]
-        best = db.best_many([k for k, _ in tasks], target)
+        best = db.best_many([k for k, _ in tasks], target, validate=_knob_validator(db, target))
         kinds = {w.key: w.kind for w in db.workloads(args.model)} if args.model else {}
     rows = []
     for key, weight in tasks:

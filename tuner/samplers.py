@@ -23,15 +23,16 @@ def make_sampler(name: str, seed: int | None = None, n_startup: int = 8):
             n_startup_trials=n_startup,
             multivariate=True,
             constant_liar=True,
-            warn_independent_sampling=False,
         )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
-        return optuna.samplers.CmaEsSampler(
-            seed=seed, n_startup_trials=n_startup, warn_independent_sampling=False
-        )
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=n_startup)
     if name == "gp":
+        try:
+            import torch  # noqa: F401  (Optuna's GP sampler is built on torch)
+        except ImportError:
+            raise KilnError("the gp sampler needs torch: pip install torch (or use --sampler tpe)") from None
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
     raise KilnError(f"unknown sampler '{name}'; use one of {', '.join(SAMPLERS)}")
 

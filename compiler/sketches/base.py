@@ -103,6 +103,11 @@ def prepare(group: Group, name: str | None = None) -> tuple[Schedule, list[Block
     return sch, sch.blocks()
 
 
+# Below this much work (elements touched, or flops / 8 for contractions) an OpenMP fork/join costs more
+# than it saves, and on a loaded machine a spinning thread pool can cost milliseconds: stay serial.
+PARALLEL_MIN_WORK = 1 << 16
+
+
 def divisors_upto(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 

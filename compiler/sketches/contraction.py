@@ -25,7 +25,7 @@ from compiler.loopir import analysis as A
 from compiler.loopir.expr import Load, Var, free_vars, walk
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
-from compiler.sketches.base import Config, Knob, Sketch, prepare
+from compiler.sketches.base import PARALLEL_MIN_WORK, Config, Knob, Sketch, prepare
 from compiler.target import Target
 
 REGISTERS = 32  # vector registers on AVX-512 (16 on AVX2)
@@ -211,6 +211,8 @@ class ContractionSketch(Sketch):
                 m_blocks = batch * -(-m_ext // (mr * mc_tiles))
             if m_blocks < 2:
                 parallel = "none" if n_blocks < 2 else "batch_n"
+        if group.flops < 8 * PARALLEL_MIN_WORK:
+            parallel = "none"
         return {
             "mr": mr,
             "nr": nr,
@@ -288,7 +290,7 @@ class ContractionSketch(Sketch):
         if config["pack_b"] == 2 and view.b_ndim is not None:  # weights packed once, at compile time
             from compiler.layouts import TilePack
 
-            sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr))
+            sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr, pad_to=nc))
             if view.n_extent % nr:
                 self._pad_lanes(sch, (mm, init))
         elif config["pack_b"]:

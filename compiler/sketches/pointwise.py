@@ -14,7 +14,7 @@ from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
-from compiler.sketches.base import Config, Knob, Sketch, output_blocks, prepare
+from compiler.sketches.base import PARALLEL_MIN_WORK, Config, Knob, Sketch, output_blocks, prepare
 from compiler.target import Target
 
 VECTORS = (1, 4, 8, 16)
@@ -89,7 +89,7 @@ class PointwiseSketch(Sketch):
             "flatten": flatten,
             "vector": 1,
             "unroll": 1,
-            "parallel": "outer" if numel >= 1 << 15 else "none",
+            "parallel": "outer" if numel >= PARALLEL_MIN_WORK else "none",
         }
         inner = self._inner_extent(group, config)
         for v in (16, 8, 4):

@@ -19,7 +19,7 @@ from compiler.loopir import analysis as A
 from compiler.loopir.expr import Call, walk
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
-from compiler.sketches.base import Config, Knob, Sketch
+from compiler.sketches.base import PARALLEL_MIN_WORK, Config, Knob, Sketch
 from compiler.target import Target
 from compiler.te import lower as te_lower
 from compiler.te_ops import graph_to_te
@@ -137,7 +137,9 @@ class ReductionSketch(Sketch):
             "accum": 1,
             "unroll": 1,
             "keep": "buffer" if self._has_shared_expensive(group) else "recompute",
-            "parallel": "rows" if rows >= 16 else "none",
+            "parallel": "rows"
+            if rows >= 2 and rows * max(1, row_length(group)) >= PARALLEL_MIN_WORK
+            else "none",
             "div": "reciprocal" if self._divides(group) else "exact",
         }
         if not row_form(group):

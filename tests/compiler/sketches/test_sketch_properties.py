@@ -146,12 +146,15 @@ def test_reduction(op, rows, cols, lead, axis0, data):
     ta=st.booleans(),
     tb=st.booleans(),
     epilogue=st.sampled_from(["none", "bias", "bias_relu", "residual"]),
+    weight=st.booleans(),
     data=st.data(),
 )
-def test_matmul(m, n, k, ta, tb, epilogue, data):
+def test_matmul(m, n, k, ta, tb, epilogue, weight, data):
     b = GraphBuilder("mm")
     a = b.input("a", (k, m) if ta else (m, k))
-    w = b.input("w", (n, k) if tb else (k, n))
+    wshape = (n, k) if tb else (k, n)
+    # a constant weight can be pre-packed at compile time (pack_b=2), a runtime input cannot
+    w = b.param("w", np.linspace(-1, 1, n * k, dtype=np.float32).reshape(wshape)) if weight else b.input("w", wshape)
     y = b.matmul(a, w, transpose_a=ta, transpose_b=tb)
     if epilogue.startswith("bias"):
         y = b.add(y, b.param("bias", np.linspace(-1, 1, n, dtype=np.float32)))
