@@ -166,7 +166,7 @@ def _lower_cross_thread(
     if not crossing:
         return
     where = f"kernel {fname}, block {b.name}"
-    if len(crossing) != len(r_ivs):
+    if len(crossing) != len(r_ivs) or any(free_vars(e) - thread_vars.keys() for _, e in crossing):
         raise CompileError(
             f"{where}: a reduction over thread-bound and serial loops at once is not supported; "
             "rfactor the thread-bound loop first"
@@ -314,6 +314,8 @@ def finish(func: PrimFunc) -> PrimFunc:
     parts = []
     for part in kernel_parts(func.body):
         dims = thread_dims(part)
+        if not any(tag.startswith("blockIdx") for tag in dims):  # one block: a grid of extent 1
+            part = For(Var("bx"), 1, part, "thread", "blockIdx.x")
         part = lower_cuda_pipeline.apply(part)
         part = _guard_stores(part, dims, frozenset())
         part, _ = _sync_stmt(part, dims, frozenset())

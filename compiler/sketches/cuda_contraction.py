@@ -78,7 +78,6 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
     bm, bn, bk, tm, tn = config["bm"], config["bn"], config["bk"], config["tm"], config["tn"]
     ny, nx = bm // tm, bn // tn
     outer = [*view.batch, *view.m[:-1], *view.n[:-1]]
-    k = sch.fuse(*view.k) if len(view.k) > 1 else view.k[0]
     m_iv, n_iv = _iter_var(mm, view.m[-1]), _iter_var(mm, view.n[-1])
     if m_iv is None or n_iv is None:
         raise ScheduleError(
@@ -86,8 +85,10 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
         )
     mb, ty, mi = sch.split(view.m[-1], [None, ny, tm])
     nb, tx, ni = sch.split(view.n[-1], [None, nx, tn])
-    ko, ki = sch.split(k, [None, bk])
-    sch.reorder(*outer, mb, nb, ko, ty, tx, ki, mi, ni)
+    # the outermost K loop is tiled; inner K loops (conv2d's kh, kw) stay whole: simple indices
+    ko, ki = sch.split(view.k[0], [None, bk])
+    inner_k = view.k[1:]
+    sch.reorder(*outer, mb, nb, ko, ty, tx, ki, *inner_k, mi, ni)
     zb = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     if zb is not None:
         sch.bind(zb, "blockIdx.z")
@@ -96,6 +97,9 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     sch.unroll(ki)
+    for lp in inner_k:
+        if lp.extent <= 8:
+            sch.unroll(lp)
     sch.unroll(mi)
     sch.unroll(ni)
     acc = A.writes(mm)[0]

@@ -63,7 +63,7 @@ def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -
     if not row_form(group):
         return _per_element(sch, main, spatial, config)
     n_row = len(shape) - len(axes)
-    full = len(spatial) == len(shape) and not main.is_reduction
+    full = A.writes(main)[0].shape == tuple(shape) and len(spatial) == len(shape) and not main.is_reduction
     row_loops = spatial[:n_row] if full else spatial
     col_loops = spatial[n_row:] if full else []
     if not row_loops:
