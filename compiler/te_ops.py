@@ -328,16 +328,28 @@ def _conv2d(ins, attrs, out, name):
     og = o // g
     rc, rr, rs = reduce_axis(cg, f"{name}_rc"), reduce_axis(kh, f"{name}_rh"), reduce_axis(kw, f"{name}_rw")
 
+    stages: list[Tensor] = []
+    src, top, left = x, pt, pl
+    if attrs["padding"] != (0, 0, 0, 0):
+        # an explicit zero-padded copy (the "<name>_pad" stage): the contraction sketch keeps it, so the
+        # convolution's inner loop reads with plain affine indices; other schedules inline it back
+        pb, pr = attrs["padding"][2], attrs["padding"][3]
+        n_, c_, h_, w_ = x.shape
+
+        def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
+            conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]
+            return select(logical_and(*conds), x[n, c, yy - pt, xx - pl], const(0, x.dtype))
+
+        src = compute((n_, c_, h_ + pt + pb, w_ + pl + pr), pad, f"{name}_pad")
+        stages.append(src)
+        top = left = 0
+
     def f(n: Expr, oc: Expr, y: Expr, xx: Expr) -> Expr:
-        iy, cy = _window(x.shape[2], y, pt, rr.var, sh, dh)
-        ix, cx = _window(x.shape[3], xx, pl, rs.var, sw, dw)
         chan = rc.var if g == 1 else (oc // og) * cg + rc.var
-        value = x[n, chan, iy, ix]
-        if attrs["padding"] != (0, 0, 0, 0):
-            value = select(logical_and(*cy, *cx), value, const(0, x.dtype))
+        value = src[n, chan, y * sh + rr.var * dh - top, xx * sw + rs.var * dw - left]
         return reduce("sum", value * w[oc, rc.var, rr.var, rs.var], [rc, rr, rs])
 
-    return [compute(out.shape, f, name)]
+    return [*stages, compute(out.shape, f, name)]
 
 
 def _pool_read(x: Tensor, attrs: dict, n, c, y, xx, rr, rs, fill: Expr) -> Expr:

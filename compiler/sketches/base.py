@@ -9,7 +9,7 @@ written with the loop-IR primitives). A config is a plain JSON-able dict of knob
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,14 +90,18 @@ def check_against_space(sketch: str, knobs: Sequence[Knob], config: Config) -> N
             )
 
 
-def prepare(group: Group, name: str | None = None) -> tuple[Schedule, list[Block]]:
-    """Lower the group to blocks and inline every elementwise intermediate that can be inlined.
-    Returns the schedule and the blocks that remain (outputs and reductions), in program order."""
+def prepare(
+    group: Group, name: str | None = None, keep: Callable[[Block], bool] | None = None
+) -> tuple[Schedule, list[Block]]:
+    """Lower the group to blocks and inline every elementwise intermediate that can be inlined (except the
+    ones ``keep`` selects). Returns the schedule and the blocks that remain, in program order."""
     func: PrimFunc = te_lower(graph_to_te(group.subgraph, name or group.name))
     sch = Schedule(func)
     outputs = {id(b) for b in func.outputs}
     for b in list(sch.blocks()):
         if b.is_reduction or any(id(w) in outputs for w in A.writes(b)):
+            continue
+        if keep is not None and keep(b):
             continue
         sch.compute_inline(b)
     return sch, sch.blocks()

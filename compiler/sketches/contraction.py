@@ -44,6 +44,7 @@ class GemmView:
     k: list[For]
     b_ndim: int | None  # axis of b indexed by the innermost n loop (None if not a plain variable)
     a_mdim: int | None
+    n_dims: list[int]  # positions of the N-side spatial iteration variables (= axes of the output)
 
     @property
     def m_extent(self) -> int:
@@ -64,11 +65,12 @@ def _anchor_extents(group: Group) -> tuple[int, int]:
 
 
 def gemm_view(sch: Schedule, block: Block) -> GemmView:
+    own = set(A.writes(block))
     loads = [
         ld
         for st in A.block_stores(block)
         for ld in walk(st.value)
-        if isinstance(ld, Load) and ld.buffer in sch.func.params
+        if isinstance(ld, Load) and ld.buffer not in own
     ]
     operands: list[Buffer] = []
     for ld in loads:
@@ -88,15 +90,20 @@ def gemm_view(sch: Schedule, block: Block) -> GemmView:
             for v in free_vars(i):
                 uses.setdefault(v.uid, set()).add(tag)
     batch, m, n, k = [], [], [], []
-    for iv, lp in by_var.values():
+    n_dims: list[int] = []
+    for pos, (iv, lp) in enumerate(by_var.values()):
         if iv.kind == "R":
             k.append(lp)
             continue
         u = uses.get(iv.var.uid, set())
         (m if u == {"a"} else n if u == {"b"} else batch).append(lp)
+        if u == {"b"}:
+            n_dims.append(pos)
     n_var = _var_of(block, n[-1]) if n else None
     m_var = _var_of(block, m[-1]) if m else None
-    return GemmView(block, a, b, batch, m, n, k, _plain_axis(loads, b, n_var), _plain_axis(loads, a, m_var))
+    return GemmView(
+        block, a, b, batch, m, n, k, _plain_axis(loads, b, n_var), _plain_axis(loads, a, m_var), n_dims
+    )
 
 
 def _var_of(block: Block, loop: For) -> Var:
@@ -193,13 +200,15 @@ class ContractionSketch(Sketch):
         lanes = target.vector_lanes_f32
         v = lanes if n_ext >= lanes else max(x for x in (4, 8, 16) if x <= max(4, n_ext) and x <= lanes)
         nr = 2 * v if n_ext >= 2 * v else v
-        mr = max(x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext))
-        if mr * (nr // v) > REGISTERS - 4:
-            mr = max(x for x in (1, 2, 4, 6, 8) if x <= (REGISTERS - 4) // (nr // v))
+        fitting = [x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext) and x * (nr // v) <= REGISTERS - 4]
+        # prefer a register tile that divides M (no row guards in the micro-kernel), then the larger one
+        mr = max(fitting, key=lambda x: (m_ext % x == 0, x))
         # the packed B panel (K x NC) and the A block (MC x K) should sit in about half of L2 each
         budget = target.l2_bytes // 2
-        nc_tiles = _pow2_floor(max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr))))
-        mc_tiles = _pow2_floor(max(1, min(32, budget // max(1, 4 * k_ext * mr), -(-m_ext // mr))))
+        nc_cap = max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr)))
+        mc_cap = max(1, min(32, budget // max(1, 4 * k_ext * mr), -(-m_ext // mr)))
+        nc_tiles = _tiles_within(nc_cap, n_ext, nr)
+        mc_tiles = _tiles_within(mc_cap, m_ext, mr)
         n_blocks = batch * -(-n_ext // (nr * nc_tiles))
         m_blocks = batch * -(-m_ext // (mr * mc_tiles))
         if n_blocks >= target.cores:
@@ -233,7 +242,8 @@ class ContractionSketch(Sketch):
             from compiler.sketches.cuda_contraction import build_contraction_cuda
 
             return build_contraction_cuda(self, group, config, target)
-        sch, blocks = prepare(group)
+        # a convolution's zero-padded input copy stays a stage of its own (read with affine indices)
+        sch, blocks = prepare(group, keep=lambda b: b.name.endswith("_pad"))
         mm = next(b for b in blocks if b.is_reduction)
         out_buf = A.writes(mm)[0]
         if any(p is out_buf for p in sch.func.params):
@@ -245,7 +255,32 @@ class ContractionSketch(Sketch):
         if not view.m or not view.n:
             return self._simple(sch, mm, epi, config)
         self._tile(sch, view, epi, config)
+        self._schedule_pad(sch, config)
         return sch
+
+    @staticmethod
+    def _acc_layout_n_last(sch: Schedule, mm: Block, n_dims: list[int]) -> None:
+        """Lay the accumulator out with the N axes innermost (a convolution's output is [n, o, y, x] with o
+        on the N side): the register tile's vector lanes must be contiguous."""
+        acc = A.writes(mm)[0]
+        rank = len(acc.shape)
+        if not n_dims or n_dims == list(range(rank - len(n_dims), rank)):
+            return
+        order = [d for d in range(rank) if d not in n_dims] + n_dims
+        sch.transform_layout(acc, lambda *idx: [idx[d] for d in order], [acc.shape[d] for d in order])
+
+    @staticmethod
+    def _schedule_pad(sch: Schedule, config: Config) -> None:
+        """The convolution's padded input copy: one pass, parallel over its outer axes when big enough."""
+        for b in sch.blocks():
+            if not b.name.endswith("_pad"):
+                continue
+            loops = sch.get_loops(b)
+            numel = 1
+            for lp in loops:
+                numel *= lp.extent
+            if len(loops) > 1 and config["parallel"] != "none" and numel >= PARALLEL_MIN_WORK:
+                sch.parallel(sch.fuse(*loops[:-1]))
 
     def _simple(self, sch: Schedule, mm: Block, epi: Block, config: Config) -> Schedule:
         """Shapes without both an M and an N axis (e.g. matrix-vector): parallel outer loop, serial K."""
@@ -261,23 +296,29 @@ class ContractionSketch(Sketch):
 
     def _tile(self, sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
         mm = view.block
+        self._acc_layout_n_last(sch, mm, view.n_dims)
         mr, nr, v = config["mr"], config["nr"], config["vector"]
         mc, nc = mr * config["mc_tiles"], nr * config["nc_tiles"]
         outer_m, outer_n = view.m[:-1], view.n[:-1]
         m_o, m_m, m_r = sch.split(view.m[-1], [None, max(1, mc // mr), mr])
         n_o, n_m, n_r = sch.split(view.n[-1], [None, max(1, nc // nr), nr])
         k_loops = view.k
-        k = sch.fuse(*k_loops) if len(k_loops) > 1 else k_loops[0]
+        # several reduction axes (a convolution's c, kh, kw) stay separate loops: fusing them would put
+        # division and modulo into every operand load of the micro-kernel
+        k = k_loops[0]
         mid = [n_m, m_m] if config["order"] == "nm" else [m_m, n_m]
         if config["parallel"] == "batch_m":
             top = [*view.batch, *outer_m, *outer_n, m_o, n_o]
         else:
             top = [*view.batch, *outer_m, *outer_n, n_o, m_o]
-        sch.reorder(*top, *mid, k, m_r, n_r)
+        sch.reorder(*top, *mid, *k_loops, m_r, n_r)
         tile_loop = mid[-1]
         sch.reverse_compute_at(epi, tile_loop)
         init = sch.decompose_reduction(mm, k)
-        if config["unroll_k"] > 1:
+        for small in k_loops[1:]:  # a convolution window (kh, kw): unroll it whole
+            if small.extent <= 7:
+                sch.unroll(small)
+        if config["unroll_k"] > 1 and len(k_loops) == 1:
             _, ku = sch.split(k, [None, config["unroll_k"]])
             sch.unroll(ku)
         n_rv, n_v = sch.split(n_r, [None, v])
@@ -286,7 +327,7 @@ class ContractionSketch(Sketch):
         sch.unroll(n_rv)
         sch.unroll(m_r)
         self._vector_tile(sch, init, v, nr)
-        self._vector_tile(sch, epi, v, nr)
+        self._vector_tile(sch, epi, v, nr, view.n_dims[-1] if view.n_dims else None)
         if config["pack_b"] == 2 and view.b_ndim is not None:  # weights packed once, at compile time
             from compiler.layouts import TilePack
 
@@ -326,8 +367,19 @@ class ContractionSketch(Sketch):
             if b.predicate is not None and lane.var in free_vars(b.predicate):
                 sch.pad(b, lane)
 
-    def _vector_tile(self, sch: Schedule, block: Block, v: int, nr: int) -> None:
+    def _vector_tile(self, sch: Schedule, block: Block, v: int, nr: int, n_dim: int | None = None) -> None:
+        """Walk a register tile (the accumulator init, or the epilogue) N-innermost: vectorize the N loop
+        and unroll everything else, so every index into the accumulator is a constant and it stays in
+        registers. ``n_dim`` names the iteration variable of the N axis when it is not already innermost."""
         loops = sch.get_loops(block)
+        if n_dim is not None:
+            n_vars = free_vars(block.bindings[n_dim])
+            n_loop = next((lp for lp in reversed(loops) if lp.var in n_vars), None)
+            if n_loop is not None and n_loop is not loops[-1] and n_loop.extent == nr:
+                tile_loops = [lp for lp in loops if lp.extent > 1 and lp in loops[-2:]]
+                if n_loop in tile_loops and len(tile_loops) == 2:
+                    sch.reorder(*[lp for lp in tile_loops if lp is not n_loop], n_loop)
+                    loops = sch.get_loops(block)
         inner = [lp for lp in loops if lp.extent in (nr,) and lp is loops[-1]]
         if not inner:
             return
@@ -387,6 +439,14 @@ def _reduce_and_batch(group: Group) -> tuple[int, int]:
     for d in n.output.shape[:-2]:
         batch *= d
     return k, batch
+
+
+def _tiles_within(cap: int, extent: int, tile: int) -> int:
+    """The largest knob value (1, 2, 4 ... 32) not above ``cap``, preferring one whose cache block
+    (value x tile) divides ``extent`` so no tail guard is needed."""
+    values = [t for t in (1, 2, 4, 8, 16, 32) if t <= cap] or [1]
+    dividing = [t for t in values if extent % (t * tile) == 0]
+    return max(dividing) if dividing else max(values)
 
 
 def _pow2_floor(x: int) -> int:
