@@ -316,10 +316,21 @@ class Schedule:
             return substitute(st.value, dict(zip(ivars, ld.indices)))
 
         for b in self.consumers(buf):
+            ranges = {iv.var: (0, iv.extent - 1) for iv in b.iter_vars}
+
+            def inline_simplified(ld: Load, ranges=ranges) -> Expr | None:
+                out = inline(ld)
+                if out is None:
+                    return None
+                # index math substituted from reshapes/transposes collapses under the consumer's ranges
+                return replace_buffer_loads(
+                    out, lambda x: Load(x.buffer, tuple(simplify(i, ranges) for i in x.indices))
+                )
+
             for s in walk_stmts(b):
                 if isinstance(s, BufferStore):
-                    s.value = replace_buffer_loads(s.value, inline)
-                    s.indices = tuple(replace_buffer_loads(i, inline) for i in s.indices)
+                    s.value = replace_buffer_loads(s.value, inline_simplified)
+                    s.indices = tuple(replace_buffer_loads(i, inline_simplified) for i in s.indices)
         self._remove_nest(block)
         self._drop_alloc(buf)
         self._log(f"compute_inline({block.name})")
