@@ -151,16 +151,18 @@ def _nvrtc_cubin(source: str, arch: str, options: tuple[str, ...]) -> bytes | No
             nvrtc.destroyProgram(prog)
 
 
-def launch(fn: Any, launch_info: dict[str, Any], args: tuple, stream: Any = None) -> None:
-    """Launch one kernel with the grid/block/shared memory ``launch_info`` (from the codegen)."""
+def launch(fn: Any, launch_info: dict[str, Any], args: tuple) -> None:
+    """Launch one kernel on the current stream with the grid/block/shared memory of ``launch_info``."""
     dyn = int(launch_info.get("dynamic_shared_bytes", 0))
-    if dyn and getattr(fn, "_kiln_dyn", 0) < dyn:
+    fn(tuple(launch_info["grid"]), tuple(launch_info["block"]), args, shared_mem=dyn)
+
+
+def prepare_kernel(fn: Any, name: str, launch_info: dict[str, Any]) -> None:
+    """Opt a kernel into its dynamic shared memory (beyond 48 KiB) and check its resources."""
+    dyn = int(launch_info.get("dynamic_shared_bytes", 0))
+    if dyn:
         fn.max_dynamic_shared_size_bytes = dyn
-        fn._kiln_dyn = dyn
-    kwargs = {"shared_mem": dyn}
-    if stream is not None:
-        kwargs["stream"] = stream
-    fn(tuple(launch_info["grid"]), tuple(launch_info["block"]), args, **kwargs)
+    check_resources(fn, name, launch_info)
 
 
 def check_resources(fn: Any, name: str, launch_info: dict[str, Any]) -> None:

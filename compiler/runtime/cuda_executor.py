@@ -146,7 +146,7 @@ class CudaCompiledModel:
             parts = []
             for info in self.kernel_launches[launch.kernel]:
                 fn = self.module.function(info["name"])
-                cuda.check_resources(fn, info["name"], info)
+                cuda.prepare_kernel(fn, info["name"], info)
                 parts.append((fn, info))
             self._calls.append(parts)
         self._arena = cp.empty(max(self.plan.peak_bytes, 1), dtype=cp.uint8)
@@ -213,13 +213,14 @@ class CudaCompiledModel:
                 bound[self.roots[i]] = dst
         return bound
 
-    def _enqueue(self, cp: Any, bound: dict[int, Any], stream: Any = None) -> None:
+    def _enqueue(self, cp: Any, bound: dict[int, Any]) -> None:
+        """Launch every kernel in order on the current stream."""
         from compiler.runtime import cuda
 
         for launch, parts in zip(self.launches, self._calls):
             args = tuple(self._array(cp, bound, a) for a in launch.args)
             for fn, info in parts:
-                cuda.launch(fn, info, args, stream)
+                cuda.launch(fn, info, args)
 
     def _outputs(self, cp: Any) -> list[Any]:
         # an output is its own array, or a view of a pinned intermediate (assemble copies inputs/params)
@@ -244,7 +245,7 @@ class CudaCompiledModel:
             cp.cuda.Device().synchronize()
             with stream:
                 stream.begin_capture()
-                self._enqueue(cp, bound, stream)
+                self._enqueue(cp, bound)
                 self._graph = (stream.end_capture(), stream)
         return self._graph
 
