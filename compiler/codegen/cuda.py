@@ -648,10 +648,11 @@ class _VectorPlan:
                 continue
             key, c, flat = _split_flat(p, buf, st.indices)
             if key is None:
+                dup.add(buf.uid)
                 continue
             ident = (buf.uid, key, c)
-            if ident in seen:
-                dup.add(buf.uid)
+            if ident in seen or any(u == buf.uid and k != key for u, k, _ in seen):
+                dup.add(buf.uid)  # stored twice, or at indices of another form: keep program order
             seen.add(ident)
             groups.setdefault((buf.uid, key), {})[c] = (r, flat)
         for (uid, _), consts in groups.items():

@@ -39,6 +39,7 @@ def check_group(group: Group, config: dict | None = None, tol: float = 2e-5) -> 
         same = (o64 == r64) | (np.isnan(o64) & np.isnan(r64))  # equal infinities, NaN for NaN
         finite = np.abs(r64[np.isfinite(r64)])
         scale = max(1.0, float(finite.max()) if finite.size else 1.0)
-        err = float(np.where(same, 0.0, np.abs(o64 - r64)).max()) if o64.size else 0.0
+        with np.errstate(invalid="ignore"):
+            err = float(np.where(same, 0.0, np.abs(o64 - r64)).max()) if o64.size else 0.0
         assert err <= tol * scale, f"{group.name} {config}: max err {err}\n{func}"
     return func
