@@ -1,9 +1,13 @@
 """Layers written the way exporters (torch.onnx at opset 13..17) emit them, for the net and pattern
-tests: shape arithmetic for head splits, decomposed LayerNorm/RMSNorm/GELU, MatMul + Add linears."""
+tests: shape arithmetic for head splits, decomposed LayerNorm/RMSNorm/GELU, MatMul + Add linears; and
+the whole nets built from them (``NETS``: a small size for the tests, a larger one for
+``scripts/bench_onnx.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -194,3 +198,60 @@ def resnet_block(net: Net, x: str, c: int) -> str:
     h = net.op("Relu", conv_bn(net, x, c, c, 3, 1))
     h = conv_bn(net, h, c, c, 3, 1)
     return net.op("Relu", net.op("Add", h, x))
+
+
+# ------------------------------------------------------------------------------ whole test models
+def mlp_model(batch: int, din: int, hidden: int, dout: int) -> Any:
+    """Linear-ReLU-Linear as Gemm nodes (torch.onnx's spelling of nn.Linear on 2-D inputs)."""
+    net = Net(1)
+    h = net.op("Relu", linear(net, "x", din, hidden, gemm=True))
+    return net.model([("x", [batch, din])], [linear(net, h, hidden, dout, gemm=True)])
+
+
+def convnet_model(batch: int, hw: int) -> Any:
+    """Conv-BN-ReLU-MaxPool, Conv-ReLU, GlobalAveragePool, Flatten, Gemm."""
+    net = Net(2)
+    h = net.op("Relu", conv_bn(net, "x", 3, 16, 3, 1))
+    h = net.op("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
+    h = net.op("Relu", net.op("Conv", h, net.weight(32, 16, 3, 3, scale=1 / 12), pads=[1, 1, 1, 1]))
+    h = net.op("Flatten", net.op("GlobalAveragePool", h), axis=1)
+    return net.model([("x", [batch, 3, hw, hw])], [linear(net, h, 32, 10, gemm=True)])
+
+
+def resblock_model(c: int, hw: int) -> Any:
+    net = Net(3)
+    return net.model([("x", [1, c, hw, hw])], [resnet_block(net, "x", c)])
+
+
+def encoder_model(seq: int, d: int, heads: int, ff: int) -> Any:
+    net = Net(4)
+    return net.model([("x", [1, seq, d])], [encoder_layer(net, "x", seq, d, heads, ff)])
+
+
+def attention_model(seq: int, d: int, heads: int) -> Any:
+    net = Net(5)
+    return net.model([("x", [1, seq, d])], [attention(net, "x", seq, d, heads, scale_style="mul")])
+
+
+def gpt_model(
+    batch: int, seq: int, d: int, heads: int, fused_ln: bool = True, mask: str = "where", opset: int = 17
+) -> Any:
+    net = Net(6)
+    y = gpt_block(net, "x", seq, d, heads, fused_ln, mask)
+    return net.model([("x", [batch, seq, d])], [y], opset=opset)
+
+
+def swiglu_model(batch: int, seq: int, d: int, ff: int, rms_style: str = "reciprocal") -> Any:
+    net = Net(7)
+    return net.model([("x", [batch, seq, d])], [swiglu_block(net, "x", d, ff, rms_style=rms_style)])
+
+
+# name -> (the small model the tests compile, the larger one scripts/bench_onnx.py times)
+NETS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "mlp": (lambda: mlp_model(8, 32, 16, 10), lambda: mlp_model(256, 784, 128, 10)),
+    "conv_bn_relu_pool": (lambda: convnet_model(2, 16), lambda: convnet_model(8, 32)),
+    "resnet_block": (lambda: resblock_model(8, 10), lambda: resblock_model(64, 56)),
+    "encoder_layer": (lambda: encoder_model(16, 32, 4, 64), lambda: encoder_model(128, 256, 4, 1024)),
+    "gpt_block": (lambda: gpt_model(2, 12, 32, 4), lambda: gpt_model(1, 128, 256, 4)),
+    "rmsnorm_swiglu": (lambda: swiglu_model(2, 6, 32, 64), lambda: swiglu_model(1, 128, 512, 1536)),
+}

@@ -1,5 +1,6 @@
-"""Small nets written as exporters emit them, imported and compared end to end with onnxruntime; the
-ones that mirror built-in zoo models must give the zoo's canonical graph after optimize."""
+"""Small nets written as exporters emit them, imported, compiled for the CPU and compared end to end with
+onnxruntime (numpy reference, optimized graph and compiled model); the ones that mirror built-in zoo
+models must give the zoo's canonical graph after optimize."""
 
 from __future__ import annotations
 
@@ -16,56 +17,29 @@ def ops_of(graph) -> set[str]:
     return {n.op for n in graph.nodes}
 
 
-def mlp(batch: int, din: int, hidden: int, dout: int) -> object:
-    net = Net(1)
-    h = net.op("Relu", L.linear(net, "x", din, hidden, gemm=True))
-    y = L.linear(net, h, hidden, dout, gemm=True)
-    return net.model([("x", [batch, din])], [y])
-
-
-def convnet(batch: int, hw: int) -> object:
-    net = Net(2)
-    h = net.op("Relu", L.conv_bn(net, "x", 3, 16, 3, 1))
-    h = net.op("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
-    h = net.op("Relu", net.op("Conv", h, net.weight(32, 16, 3, 3, scale=1 / 12), pads=[1, 1, 1, 1]))
-    h = net.op("Flatten", net.op("GlobalAveragePool", h), axis=1)
-    y = L.linear(net, h, 32, 10, gemm=True)
-    return net.model([("x", [batch, 3, hw, hw])], [y])
-
-
-def resblock(c: int, hw: int) -> object:
-    net = Net(3)
-    return net.model([("x", [1, c, hw, hw])], [L.resnet_block(net, "x", c)])
-
-
-def encoder(seq: int, d: int, heads: int, ff: int) -> object:
-    net = Net(4)
-    return net.model([("x", [1, seq, d])], [L.encoder_layer(net, "x", seq, d, heads, ff)])
-
-
-def attention(seq: int, d: int, heads: int) -> object:
-    net = Net(5)
-    return net.model([("x", [1, seq, d])], [L.attention(net, "x", seq, d, heads, scale_style="mul")])
-
-
 def test_mlp():
-    g = check_model(mlp(8, 32, 16, 10))
+    g = check_model(L.NETS["mlp"][0](), compiled=True)
     assert ops_of(g) == {"linear", "relu"}
 
 
 def test_conv_bn_relu_pool():
-    g = check_model(convnet(2, 16))
+    g = check_model(L.NETS["conv_bn_relu_pool"][0](), compiled=True)
     assert {"conv2d", "batch_norm", "max_pool2d", "global_avg_pool2d", "linear"} <= ops_of(g)
 
 
 def test_resnet_basic_block():
-    check_model(resblock(8, 10))
+    check_model(L.NETS["resnet_block"][0](), compiled=True)
 
 
 def test_transformer_encoder_layer():
-    g = check_model(encoder(16, 32, 4, 64))
+    g = check_model(L.NETS["encoder_layer"][0](), compiled=True)
     assert ops_of(g) >= {"layer_norm", "gelu", "linear", "batch_matmul", "softmax"}
     assert not ops_of(g) & {"erf", "sqrt", "reduce_mean"}
+
+
+def test_attention():
+    g = check_model(L.attention_model(12, 32, 4), compiled=True)
+    assert ops_of(g) >= {"linear", "batch_matmul", "softmax"}
 
 
 @pytest.mark.parametrize(
@@ -73,18 +47,14 @@ def test_transformer_encoder_layer():
     [(False, "where", 14), (False, "bias_slice", 13), (True, "where", 17), (True, "add", NEWEST)],
 )
 def test_gpt_block_causal(fused_ln, mask, opset):
-    net = Net(6)
-    y = L.gpt_block(net, "x", 12, 32, 4, fused_ln, mask)
-    g = check_model(net.model([("x", [2, 12, 32])], [y], opset=opset))
+    g = check_model(L.gpt_model(2, 12, 32, 4, fused_ln, mask, opset), compiled=True)
     assert ops_of(g) >= {"layer_norm", "gelu", "softmax", "batch_matmul"}
     assert "tanh" not in ops_of(g)
 
 
 @pytest.mark.parametrize("style", ["reciprocal", "div", "mul"])
 def test_rmsnorm_swiglu(style):
-    net = Net(7)
-    y = L.swiglu_block(net, "x", 32, 64, rms_style=style)
-    g = check_model(net.model([("x", [2, 6, 32])], [y]))
+    g = check_model(L.swiglu_model(2, 6, 32, 64, rms_style=style), compiled=True)
     assert ops_of(g) >= {"rms_norm", "silu", "linear"} and "sigmoid" not in ops_of(g)
 
 
@@ -92,17 +62,26 @@ def test_dynamic_batch_and_sequence_with_input_shapes():
     net = Net(8)
     y = L.attention(net, "x", 10, 16, 2)
     model = net.model([("x", ["batch", "seq", 16])], [y])
-    g = check_model(model, input_shapes={"x": (3, 10, 16)})
+    g = check_model(model, input_shapes={"x": (3, 10, 16)}, compiled=True)
     assert g.inputs[0].shape == (3, 10, 16)
+
+
+def test_compiled_nets_are_cached():
+    """Each distinct net compiles once per session: the same graph gets the same compiled model."""
+    from compiler.frontend.onnx import load_onnx
+    from tests.compiler.frontend.onnx_util import compiled_model
+
+    a, b = (load_onnx(L.NETS["mlp"][0]()) for _ in range(2))
+    assert compiled_model(a) is compiled_model(b)
 
 
 # ------------------------------------------------- the same canonical graph as the zoo
 ZOO_EQUIVALENTS = {
-    "mlp": lambda: mlp(256, 784, 128, 10),
-    "convnet": lambda: convnet(8, 32),
-    "resblock": lambda: resblock(64, 56),
-    "attention": lambda: attention(128, 768, 12),
-    "encoder_layer": lambda: encoder(128, 768, 12, 3072),
+    "mlp": lambda: L.mlp_model(256, 784, 128, 10),
+    "convnet": lambda: L.convnet_model(8, 32),
+    "resblock": lambda: L.resblock_model(64, 56),
+    "attention": lambda: L.attention_model(128, 768, 12),
+    "encoder_layer": lambda: L.encoder_model(128, 768, 12, 3072),
 }
 
 

@@ -1,6 +1,6 @@
 """Every supported ONNX op: a one-node (or few-node) model built with onnx.helper, imported, and compared
-with onnxruntime through every Kiln path (see onnx_util.kiln_outputs). Ops whose signature changed
-between opsets are tested at opset 13 and at the newest one Kiln imports."""
+with onnxruntime through every Kiln path, the compiled CPU model included (see onnx_util.kiln_outputs).
+Ops whose signature changed between opsets are tested at opset 13 and at the newest one Kiln imports."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tests.compiler.frontend.onnx_util import (
     NEWEST,
     TensorProto,
     check_model,
+    compile_bug,
     helper,
     init,
     make_model,
@@ -20,6 +21,11 @@ from tests.compiler.frontend.onnx_util import (
 )
 
 rng = np.random.default_rng(7)
+# reductions over axes other than the innermost ones (the reduction sketch's non-row form)
+NON_ROW_REDUCTION = compile_bug(
+    "the CPU reduction sketch's default config has a 'div' knob its non-row-form space lacks "
+    "('config knobs do not match the space (unknown: [div])'); see test_onnx_compile.py"
+)
 I64, BOOL = TensorProto.INT64, TensorProto.BOOL
 
 
@@ -324,7 +330,7 @@ def test_global_pool(op, shape):
 
 # ----------------------------------------------------- softmax and normalization
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("axis", [-1, pytest.param(1, marks=NON_ROW_REDUCTION)])
 def test_softmax(op, axis):
     check_model(single_op(op, [("x", [2, 5, 7], F32)], axis=axis))
 
@@ -363,7 +369,15 @@ REDUCERS = [
 
 @pytest.mark.parametrize("op", REDUCERS)
 @pytest.mark.parametrize("opset", [13, NEWEST])
-@pytest.mark.parametrize("axes,keepdims", [([1], 1), ([0, 2], 0), ([-1], 0), (None, 1)])
+@pytest.mark.parametrize(
+    "axes,keepdims",
+    [
+        pytest.param([1], 1, marks=NON_ROW_REDUCTION),
+        pytest.param([0, 2], 0, marks=NON_ROW_REDUCTION),
+        ([-1], 0),
+        (None, 1),
+    ],
+)
 def test_reduce(op, opset, axes, keepdims):
     as_input = opset >= 18 or (op == "ReduceSum" and opset >= 13)
     attrs = {"keepdims": keepdims}

@@ -1,5 +1,6 @@
 """torch.nn modules exported with torch.onnx.export (the classic TorchScript exporter), imported and
-compared with onnxruntime. Skipped, with the reason printed, where torch is not installed."""
+compared with onnxruntime, and compiled for the CPU and compared with onnxruntime and torch itself.
+Skipped, with the reason printed, where torch is not installed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from compiler.frontend.models import get_model  # noqa: E402
 from compiler.frontend.onnx import load_onnx  # noqa: E402
 from compiler.passes import optimize  # noqa: E402
 from compiler.reference import run_reference  # noqa: E402
-from tests.compiler.frontend.onnx_util import check_model, onnx  # noqa: E402
+from tests.compiler.frontend.onnx_util import (  # noqa: E402
+    check_model,
+    compile_bug,
+    compiled_model,
+    onnx,
+)
 
 
 def export(module: nn.Module, x: torch.Tensor, opset: int, dynamic: bool = False) -> object:
@@ -139,6 +145,7 @@ def convnet() -> nn.Module:
     )
 
 
+QKV_FUSED = {"encoder", "gpt_sdpa", "gpt2_masked"}
 MODULES = {
     "mlp": (lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), (4, 16), {"linear"}),
     "convnet": (convnet, (2, 3, 16, 16), {"conv2d", "hard_swish", "max_pool2d", "linear"}),
@@ -155,20 +162,46 @@ MODULES = {
 }
 
 
-@pytest.mark.parametrize("opset", [14, 17])
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_torch_export(name, opset):
-    make, shape, expected_ops = MODULES[name]
+def exported(name: str, opset: int) -> tuple[nn.Module, torch.Tensor, object]:
+    make, shape, _ = MODULES[name]
     torch.manual_seed(0)
     module = make()
     x = torch.randn(*shape)
-    graph = check_model(export(module, x, opset), feeds={"x": x.numpy()})
+    return module, x, export(module, x, opset)
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_torch_export(name, opset):
+    module, x, model = exported(name, opset)
+    graph = check_model(model, feeds={"x": x.numpy()}, compiled=False)  # compiled: the test below
     ops = {n.op for n in graph.nodes}
-    assert expected_ops <= ops, ops
+    assert MODULES[name][2] <= ops, ops
     assert not ops & {"erf", "tanh", "sqrt", "reduce_mean", "sigmoid"}, ops  # all recognized
     with torch.no_grad():
         want = module(x).numpy()
     got = run_reference(graph, [x.numpy()])[0]
+    assert abs(got - want).max() <= 1e-4 * max(1.0, abs(want).max())
+
+
+# the modules whose q, k (and v) come out of one fused projection: batch_matmul then reads two slices of
+# the same tensor, which the CPU contraction sketch cannot schedule (see test_onnx_compile.py)
+QKV_BUG = compile_bug(
+    "the CPU contraction sketch raises 'block ... does not read two operands' when both batch_matmul "
+    "operands are views of one tensor (torch's fused qkv Linear + split/chunk)"
+)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=QKV_BUG) if n in QKV_FUSED else n for n in sorted(MODULES)]
+)
+def test_torch_export_compiled(name):
+    """The exported module compiled for the CPU (default schedules) against onnxruntime and torch."""
+    module, x, model = exported(name, 17)
+    graph = check_model(model, feeds={"x": x.numpy()}, compiled=True)
+    with torch.no_grad():
+        want = module(x).numpy()
+    got = compiled_model(graph).run([x.numpy()])[0]
     assert abs(got - want).max() <= 1e-4 * max(1.0, abs(want).max())
 
 
