@@ -120,6 +120,13 @@ class CudaPrinter(CStylePrinter):
 
     def kernel(self, func: PrimFunc, launch: dict[str, Any]) -> str:
         self._check_structure(func)
+        for axis, n, limit in zip("xyz", launch["grid"], (2**31 - 1, 65535, 65535)):
+            if n > limit:
+                raise CompileError(f"kernel {func.name}: grid {axis} of {n} blocks exceeds the limit {limit}")
+        if math.prod(launch["block"]) > 1024:
+            raise CompileError(
+                f"kernel {func.name}: {math.prod(launch['block'])} threads per block exceed 1024"
+            )
         self.pending_launch = launch
         text = self.function(func)
         head = (
