@@ -32,18 +32,16 @@ so every participating thread ends with the full result (an all-reduce): a local
 no broadcast. The extent ``E`` must be the block's x size, a power of two up to 32 or a multiple of 32;
 other thread axes (rows of a block on ``threadIdx.y``) index the shared buffer.
 
-:func:`finish` guards stores to shared/global memory made outside a loop of a used thread axis (they run
-on thread 0 of that axis, as an extent-1 thread loop), inserts ``__syncthreads()`` between statements
-that communicate through shared memory (TVM's ThreadSync: only at points all threads reach), and
-records the launch shape.
+:func:`finish` double-buffers annotated loops (``lower_cuda_pipeline``), guards stores to shared/global
+memory made outside a loop of a used thread axis (they run on thread 0 of that axis, as an extent-1
+thread loop), inserts ``__syncthreads()`` between statements that communicate through shared memory
+(``lower_cuda_sync``: only at points all threads reach), and records the launch shape.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from compiler.errors import CompileError
 from compiler.loopir import analysis as A
@@ -290,14 +288,14 @@ def kernel_parts(body: Stmt) -> list[Stmt]:
 def _buffers_used(s: Stmt) -> set[int]:
     out: set[int] = set()
     for x in walk_stmts(s):
-        for e in _stmt_exprs(x):
+        for e in stmt_exprs(x):
             out.update(ld.buffer.uid for ld in walk(e) if isinstance(ld, Load))
         if isinstance(x, BufferStore):
             out.add(x.buffer.uid)
     return out
 
 
-def _stmt_exprs(s: Stmt) -> list[Expr]:
+def stmt_exprs(s: Stmt) -> list[Expr]:
     if isinstance(s, BufferStore):
         return [*s.indices, s.value]
     if isinstance(s, IfThenElse):
@@ -310,6 +308,7 @@ def _stmt_exprs(s: Stmt) -> list[Expr]:
 def finish(func: PrimFunc) -> PrimFunc:
     """Guard single-thread stores, insert barriers and record the launch shape of every kernel."""
     from compiler.loopir import lower_cuda_pipeline
+    from compiler.loopir.lower_cuda_sync import insert_barriers
 
     parts = []
     for part in kernel_parts(func.body):
@@ -318,7 +317,7 @@ def finish(func: PrimFunc) -> PrimFunc:
             part = For(Var("bx"), 1, part, "thread", "blockIdx.x")
         part = lower_cuda_pipeline.apply(part)
         part = _guard_stores(part, dims, frozenset())
-        part, _ = _sync_stmt(part, dims, frozenset())
+        part = insert_barriers(part, dims)
         parts.append(part)
     body = seq(*parts) if len(parts) > 1 else parts[0]
     out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
@@ -378,120 +377,6 @@ def _guard_stores(s: Stmt, dims: dict[str, int], inside: frozenset[str]) -> Stmt
     if isinstance(s, Allocate):
         return Allocate(s.buffer, _guard_stores(s.body, dims, inside))
     return s
-
-
-# ------------------------------------------------------------------ barriers
-@dataclass(frozen=True)
-class _Acc:
-    """Shared buffers read and written (by uid)."""
-
-    reads: frozenset[int] = frozenset()
-    writes: frozenset[int] = frozenset()
-
-    def __or__(self, o: _Acc) -> _Acc:
-        return _Acc(self.reads | o.reads, self.writes | o.writes)
-
-    def conflicts(self, later: _Acc) -> bool:
-        """A read after a write or a write after a read (two writes of one element by different threads
-        would be a race no barrier fixes; the copies Kiln generates write disjoint elements)."""
-        return bool(self.writes & later.reads or self.reads & later.writes)
-
-
-EMPTY = _Acc()
-
-
-@dataclass
-class _Summary:
-    first: _Acc = field(default_factory=_Acc)  # accesses before the first barrier
-    last: _Acc = field(default_factory=_Acc)  # accesses after the last barrier
-    barrier: bool = False
-
-
-def _shared_loads(exprs: Iterable[Expr]) -> frozenset[int]:
-    return frozenset(
-        ld.buffer.uid for e in exprs for ld in walk(e) if isinstance(ld, Load) and ld.buffer.scope == "shared"
-    )
-
-
-def _summary(s: Stmt) -> _Summary:
-    if isinstance(s, Barrier):
-        return _Summary(EMPTY, EMPTY, True)
-    if isinstance(s, SeqStmt):
-        out = _Summary()
-        for x in s.stmts:
-            sx = _summary(x)
-            if not out.barrier:
-                out.first = out.first | sx.first
-            out.last = sx.last if sx.barrier else out.last | sx.first
-            out.barrier = out.barrier or sx.barrier
-        return out
-    if isinstance(s, (For, Allocate)):
-        return _summary(s.body)
-    if isinstance(s, IfThenElse):
-        a = _summary(s.then)
-        b = _summary(s.else_) if s.else_ is not None else _Summary()
-        cond = _Acc(_shared_loads([s.cond]))
-        first = a.first | b.first | cond
-        last = cond | (a.last if a.barrier else a.first) | (b.last if b.barrier else b.first)
-        return _Summary(first, last, a.barrier or b.barrier)
-    acc = _Acc(_shared_loads(_stmt_exprs(s)))
-    if isinstance(s, BufferStore) and s.buffer.scope == "shared":
-        acc = acc | _Acc(writes=frozenset({s.buffer.uid}))
-    return _Summary(acc, acc, False)
-
-
-def _uniform_cond(e: Expr, uniform: frozenset[Var]) -> bool:
-    return not any(isinstance(x, Load) for x in walk(e)) and free_vars(e) <= uniform
-
-
-def _sync_stmt(s: Stmt, dims: dict[str, int], uniform: frozenset[Var]) -> tuple[Stmt, bool]:
-    """Insert barriers inside ``s`` where all threads of the block reach them. ``uniform`` holds the
-    variables with one value per block (blockIdx and serial loop variables). Returns (stmt, changed)."""
-    if isinstance(s, SeqStmt):
-        stmts, _ = _sync_seq(s.stmts, dims, uniform, EMPTY)
-        return SeqStmt(stmts), True
-    if isinstance(s, Allocate):
-        body, _ = _sync_stmt(s.body, dims, uniform)
-        return Allocate(s.buffer, body), True
-    if isinstance(s, IfThenElse):
-        if not _uniform_cond(s.cond, uniform):
-            return s, False
-        then, _ = _sync_stmt(s.then, dims, uniform)
-        other = _sync_stmt(s.else_, dims, uniform)[0] if s.else_ is not None else None
-        return IfThenElse(s.cond, then, other), True
-    if isinstance(s, For):
-        if s.annotations.get("kiln_synced"):
-            return s, False  # barriers placed by the pipeline transform
-        if s.kind == "thread":
-            if is_thread_axis(s.thread) and s.extent != dims.get(s.thread or "", s.extent):
-                return s, False  # a partial thread loop: threads diverge inside
-            inner = uniform if is_thread_axis(s.thread) else uniform | {s.var}
-        else:
-            inner = uniform | {s.var}
-        stmts = s.body.stmts if isinstance(s.body, SeqStmt) else [s.body]
-        new, pending = _sync_seq(stmts, dims, inner, EMPTY)
-        carried = s.kind != "thread" and s.extent > 1  # thread loops run side by side, not in turn
-        if carried and pending.conflicts(_summary(SeqStmt(new)).first):
-            new.append(Barrier())  # the next iteration overwrites or reads what this one left
-        return For(
-            s.var, s.extent, seq(*new) if len(new) != 1 else new[0], s.kind, s.thread, s.annotations
-        ), True
-    return s, False
-
-
-def _sync_seq(
-    stmts: list[Stmt], dims: dict[str, int], uniform: frozenset[Var], pending: _Acc
-) -> tuple[list[Stmt], _Acc]:
-    out: list[Stmt] = []
-    for x in stmts:
-        x, _ = _sync_stmt(x, dims, uniform)
-        sm = _summary(x)
-        if pending.conflicts(sm.first):
-            out.append(Barrier())
-            pending = EMPTY
-        out.append(x)
-        pending = sm.last if sm.barrier else pending | sm.first
-    return out, pending
 
 
 def next_pow2(n: int) -> int:

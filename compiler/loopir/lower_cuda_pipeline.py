@@ -147,10 +147,10 @@ def _writes(s: Stmt) -> set[int]:
 
 def _reads(s: Stmt) -> set[int]:
     from compiler.loopir.expr import walk
-    from compiler.loopir.lower_cuda import _stmt_exprs
+    from compiler.loopir.lower_cuda import stmt_exprs
 
     return {
-        ld.buffer.uid for x in walk_stmts(s) for e in _stmt_exprs(x) for ld in walk(e) if isinstance(ld, Load)
+        ld.buffer.uid for x in walk_stmts(s) for e in stmt_exprs(x) for ld in walk(e) if isinstance(ld, Load)
     }
 
 

@@ -12,7 +12,7 @@ from compiler.errors import CompileError
 from compiler.fusion import fuse
 from compiler.loopir import evaluate, lower_func
 from compiler.loopir.expr import Call, walk
-from compiler.loopir.lower_cuda import _stmt_exprs
+from compiler.loopir.lower_cuda import stmt_exprs
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Allocate, Barrier, BufferStore, For, PrimFunc, walk_stmts
 from compiler.passes import optimize
@@ -31,7 +31,7 @@ def red_config(t, rpb=1, v=1, keep="reread", unroll=1):
 
 
 def calls(func: PrimFunc) -> list[Call]:
-    return [e for s in walk_stmts(func.body) for x in _stmt_exprs(s) for e in walk(x) if isinstance(e, Call)]
+    return [e for s in walk_stmts(func.body) for x in stmt_exprs(s) for e in walk(x) if isinstance(e, Call)]
 
 
 def barriers(s) -> int:

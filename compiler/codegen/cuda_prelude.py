@@ -1,0 +1,71 @@
+"""The CUDA prelude: fixed-width integer types for NVRTC, floor division helpers, warp all-reduce
+helpers; only the parts a translation unit uses (names recorded by the printer in ``helpers``)."""
+
+from __future__ import annotations
+
+_HEADER = """\
+#if defined(__CUDACC_RTC__)
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef int int32_t;
+typedef long long int64_t;
+#else
+#include <cstdint>
+#endif
+"""
+
+_FLOOR = {
+    "floordiv": """\
+__device__ __forceinline__ {T} kiln_floordiv_{s}({T} a, {T} b) {{
+  const {T} q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}}
+""",
+    "floormod": """\
+__device__ __forceinline__ {T} kiln_floormod_{s}({T} a, {T} b) {{
+  const {T} r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}}
+""",
+}
+
+_LANE_MASK = """\
+__device__ __forceinline__ unsigned kiln_group_mask(int width) {
+  // lanes of the aligned group of `width` lanes this thread belongs to (linear thread index % 32)
+  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u;
+  return width >= 32 ? 0xffffffffu : (((1u << width) - 1u) << (lane & ~(unsigned)(width - 1)));
+}
+"""
+
+_WARP = """\
+__device__ __forceinline__ {T} kiln_warp_reduce_{comb}_{s}({T} v, int width) {{
+  const unsigned mask = kiln_group_mask(width);
+#pragma unroll
+  for (int off = width >> 1; off > 0; off >>= 1) {{
+    const {T} o = __shfl_xor_sync(mask, v, off, width);
+    {step};
+  }}
+  return v;
+}}
+"""
+
+
+def render_prelude(helpers: set[str]) -> str:
+    """The prelude text for the helpers used (``floordiv_i32``, ``warp_sum_f32`` ...)."""
+    parts = [_HEADER]
+    for h in sorted(helpers):
+        kind, _, s = h.rpartition("_")
+        if kind in ("floordiv", "floormod"):
+            t = "int32_t" if s == "i32" else "int64_t"
+            parts.append(_FLOOR[kind].format(T=t, s=s))
+    warps = sorted(h for h in helpers if h.startswith("warp_"))
+    if warps:
+        parts.append(_LANE_MASK)
+    for h in warps:
+        _, comb, s = h.split("_")
+        t = {"f32": "float", "f64": "double", "i32": "int32_t"}[s]
+        fmax = {"f32": "fmaxf", "f64": "fmax", "i32": "max"}[s]
+        fmin = {"f32": "fminf", "f64": "fmin", "i32": "min"}[s]
+        step = {"sum": "v += o", "max": f"v = {fmax}(v, o)", "min": f"v = {fmin}(v, o)"}[comb]
+        parts.append(_WARP.format(T=t, comb=comb, s=s, step=step))
+    return "\n".join(parts)
