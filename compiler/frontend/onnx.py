@@ -18,7 +18,9 @@ Steps (each failure is an :class:`OnnxImportError` naming the file and what is w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -244,6 +246,8 @@ def load_onnx(
 ) -> Graph:
     """Import an ONNX model (a path, bytes or ``onnx.ModelProto``) as a static-shaped Kiln graph.
 
+    The graph is named after the file (``gpt2.onnx`` -> ``gpt2``, the name ``kiln tune`` records the
+    model's tasks under) or, for bytes and ModelProtos, after the ONNX graph.
     ``input_shapes`` gives static shapes for inputs with dynamic dimensions (``{"input_ids": (1, 128)}``,
     what ``--input-shape input_ids=1x128`` parses to). ``patterns=False`` skips pattern recognition
     (GELU, LayerNorm, RMSNorm ... stay as the primitive ops they were exported as).
@@ -255,7 +259,10 @@ def load_onnx(
     from compiler.passes import dce
 
     loaded, inputs = load_checked(path_or_model, input_shapes)
-    name = sanitize(loaded.model.graph.name or "onnx_model", "onnx_model")
+    if isinstance(path_or_model, (str, os.PathLike)):  # exporters' graph names are generic ("main_graph")
+        name = sanitize(Path(path_or_model).stem, "onnx_model")
+    else:
+        name = sanitize(loaded.model.graph.name or "onnx_model", "onnx_model")
     graph = dce(Importer(loaded, name).run(inputs))
     if patterns:
         from compiler.frontend.onnx_patterns import recognize_patterns

@@ -75,6 +75,20 @@ def test_compiled_nets_are_cached():
     assert compiled_model(a) is compiled_model(b)
 
 
+def test_graph_is_named_after_the_file(tmp_path):
+    """Exporters' graph names are generic (torch: 'main_graph'); a file's graph is named by its stem,
+    which is the model name kiln tune records the tasks under."""
+    from compiler.frontend.onnx import load_onnx
+    from tests.compiler.frontend.onnx_util import onnx
+
+    model = L.NETS["mlp"][0]()
+    model.graph.name = "main_graph"
+    onnx.save(model, tmp_path / "my-mlp.v2.onnx")
+    assert load_onnx(str(tmp_path / "my-mlp.v2.onnx")).name == "my_mlp.v2"
+    assert load_onnx(tmp_path / "my-mlp.v2.onnx").name == "my_mlp.v2"
+    assert load_onnx(model).name == "main_graph"
+
+
 # ------------------------------------------------- the same canonical graph as the zoo
 ZOO_EQUIVALENTS = {
     "mlp": lambda: L.mlp_model(256, 784, 128, 10),
