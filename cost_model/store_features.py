@@ -1,0 +1,335 @@
+"""One row of features per store, and the analytic (roofline) estimate of its cost.
+
+The row describes the store in its loop nest in the spirit of TVM/Ansor's per-store features: loop extents
+and annotations (vectorized lanes, unrolled product, parallel extent, thread and block bindings), the
+arithmetic of the stored value, every access's stride along the innermost loop (contiguous / broadcast /
+strided), bytes and cache lines touched, the traffic into L1, L2 and L3 found by placing each cache at
+the outermost loop level whose footprint fits in it, reuse distance and count, and a cycle estimate split
+into compute, dependency latency, load/store issue and memory parts. Everything is a float; quantities
+that span orders of magnitude are ``log2(1 + x)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.target import Target
+from cost_model.loops import Access, StoreInfo, inner_loops
+
+STORE_FIELDS = (
+    "log_trip",  # executions of the store
+    "ops",  # weighted float operations per execution (exp ~ 14, div ~ 5, add ~ 1)
+    "flops",  # plain float operations per execution
+    "special",  # transcendental calls per execution
+    "divs",
+    "n_reads",
+    "n_reads_mem",  # reads that are not register tiles
+    "vec_lanes",  # extent of the innermost vectorized loop (1 if none)
+    "vec_eff",  # SIMD lanes the analytic model credits (fallbacks and gathers removed, auto-vectorization)
+    "autovec",  # an innermost serial loop gcc can likely vectorize on its own
+    "gathers",  # reads with a non-unit, non-zero stride inside a vectorized loop
+    "vec_fallback",  # vectorized loop whose store is not contiguous (scalar fallback)
+    "accumulate",  # the store updates the location it reads (reduction)
+    "log_chains",  # independent accumulators of a reduction (dependency chains)
+    "log_unroll",  # product of unrolled loop extents
+    "log_parallel",  # extent of the outermost parallel loop
+    "par_speedup",
+    "log_serial",  # product of serial loop extents
+    "log_inner_extent",
+    "inner_kind",  # innermost loop: 0 none, 1 serial, 2 unrolled, 3 vectorized, 4 parallel, 5 thread
+    "depth",
+    "guards",
+    "guard_on_inner",  # a guard depends on the innermost loop (a tail inside the vector loop)
+    "log_bytes",  # bytes accessed, every execution counted
+    "log_unique_bytes",  # distinct bytes over the whole nest
+    "log_unique_lines",
+    "log_traffic_l1",  # bytes brought into L1 (misses), by the cache placement rule
+    "log_traffic_l2",
+    "log_traffic_l3",
+    "log_intensity",  # flops per byte of L2 traffic
+    "log_reuse_dist",  # bytes touched between two uses of the most reused read
+    "log_reuse_ct",  # times that read is reused by its reuse loop
+    "frac_contig",  # reads with stride 1 along the innermost loop
+    "frac_bcast",  # reads invariant in the innermost loop
+    "frac_strided",
+    "store_contig",
+    "log_mem_instr",  # load/store instructions issued (register reuse and SIMD width applied)
+    "writes_register",
+    "writes_param",
+    "log_cyc_compute",
+    "log_cyc_latency",
+    "log_cyc_ldst",
+    "log_cyc_memory",
+    "log_cyc_total",
+    "log_threads",  # threads per block around the store (GPU)
+    "log_blocks",  # thread blocks around the store (GPU)
+    "coalesced_frac",  # global accesses with threadIdx.x stride 0 or 1 (GPU)
+    "shared_reads",
+    "log_shared_bytes",  # bytes of shared memory read by the store per block
+)
+KIND_CODE = {"serial": 1, "unrolled": 2, "vectorized": 3, "parallel": 4, "thread": 5}
+
+
+def lg(x: float) -> float:
+    return math.log2(1.0 + max(0.0, float(x)))
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The constants of the analytic model, from a target (per core; cycles)."""
+
+    gpu: bool
+    cores: int
+    lanes: int
+    l1: int
+    l2: int
+    l3: int
+    ipc: float = 2.0  # vector ops issued per cycle
+    load_ports: float = 2.0
+    fp_latency: float = 4.0
+    bw_l2: float = 32.0  # bytes per cycle into L1
+    bw_l3: float = 16.0
+    bw_dram: float = 6.0
+    fork_cycles: float = 3000.0  # one OpenMP parallel region
+    launch_cycles: float = 6000.0  # one kernel launch (GPU)
+    sm_lanes: float = 128.0
+    dram_bw_gpu: float = 2000.0  # bytes per cycle, whole GPU
+
+    @staticmethod
+    def of(target: Target) -> Machine:
+        if target.kind == "cuda":
+            return Machine(True, max(1, target.cores), 1, 256 * 1024, target.l2_bytes, target.l2_bytes)
+        return Machine(
+            False,
+            max(1, target.cores),
+            target.vector_lanes_f32,
+            target.l1_bytes,
+            target.l2_bytes,
+            max(16 * target.l2_bytes, 16 << 20),
+        )
+
+
+def _register(a: Access, kinds: dict[int, tuple[str, int]]) -> bool:
+    """A small local buffer indexed only by unrolled/vector loops (or short serial ones) is promoted to
+    registers by codegen (see docs/codegen.md, register promotion)."""
+    if a.buffer.scope != "local" or a.buffer.numel > 1024 or a.nonlinear:
+        return False
+    for c in a.coeffs:
+        for u in c:
+            kind, ext = kinds.get(u, ("serial", 1 << 30))
+            if kind not in ("unrolled", "vectorized", "thread") and not (kind == "serial" and ext <= 16):
+                return False
+    return True
+
+
+def _same_location(a: Access, b: Access) -> bool:
+    return a.buffer is b.buffer and a.coeffs == b.coeffs and not a.nonlinear and not b.nonlinear
+
+
+def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
+    """The feature row of one store and its raw cycle estimates (``cycles`` is what the analytic model
+    adds up; ``traffic_*`` in bytes)."""
+    loops = s.loops
+    trip = s.trip
+    kinds = {lp.var.uid: (lp.kind, lp.extent) for lp in loops}
+    inner = loops[-1] if loops else None
+    iu = inner.var.uid if inner is not None else -1
+    w = s.write
+    regs = [_register(a, kinds) for a in s.accesses]
+    mem = [a for a, r in zip(s.accesses, regs) if not r]
+
+    # SIMD: explicit vector loop, its fallbacks and gathers; gcc's own vectorization of simple loops
+    vec_lanes = inner.extent if inner is not None and inner.kind == "vectorized" else 1
+    accumulate = any(_same_location(w, r) for r in s.reads)
+    strides = [a.flat_coeff(iu) if inner is not None else 0 for a in s.reads]
+    contig = sum(1 for x in strides if x == 1)
+    bcast = sum(1 for x in strides if x == 0)
+    strided = len(strides) - contig - bcast
+    store_stride = w.flat_coeff(iu) if inner is not None else 0
+    guard_on_inner = float(iu in s.guard_vars)
+    gathers = strided if vec_lanes > 1 else 0
+    fallback = float(vec_lanes > 1 and store_stride != 1)
+    autovec = float(
+        not m.gpu
+        and inner is not None
+        and inner.kind == "serial"
+        and inner.extent >= 4
+        and store_stride == 1
+        and strided == 0
+        and not accumulate
+        and not guard_on_inner
+    )
+    if vec_lanes > 1 and not fallback:
+        vec_eff = float(min(vec_lanes, m.lanes))
+        if gathers:
+            vec_eff = max(1.0, vec_eff * (len(strides) - gathers) / max(1, len(strides)))
+    elif autovec:
+        vec_eff = max(1.0, m.lanes / 2)
+    else:
+        vec_eff = 1.0
+
+    # dependency chains of a reduction: independent accumulators inside the reduce loop
+    chains = 1.0
+    if accumulate:
+        for lp in reversed(loops):
+            if not w.depends_on(lp.var.uid):
+                break
+            if lp.kind == "unrolled" or (lp.kind == "serial" and lp.extent <= 16 and regs[0]):
+                chains *= lp.extent
+    unroll = math.prod(lp.extent for lp in loops if lp.kind == "unrolled")
+    serial = math.prod(lp.extent for lp in loops if lp.kind == "serial")
+    par = next((lp.extent for lp in loops if lp.kind == "parallel"), 1)
+    speedup = par / math.ceil(par / m.cores) if par > 1 and not m.gpu else 1.0
+    threads = math.prod(lp.extent for lp in loops if lp.kind == "thread" and "threadIdx" in (lp.thread or ""))
+    blocks = math.prod(lp.extent for lp in loops if lp.kind == "thread" and "blockIdx" in (lp.thread or ""))
+
+    # load/store instructions: a read invariant in the innermost unrolled/vector loops stays in a register
+    run: list = []
+    for lp in reversed(loops):
+        if lp.kind in ("unrolled", "vectorized"):
+            run.append(lp)
+        else:
+            break
+    mem_instr = 0.0
+    for a, r in zip(s.accesses, regs):
+        if r:
+            continue
+        reuse = math.prod(lp.extent for lp in run if lp.kind == "unrolled" and not a.depends_on(lp.var.uid))
+        per = vec_eff if a.flat_coeff(iu) in (0, 1) else 1.0
+        mem_instr += trip / max(1.0, per) / max(1, reuse)
+
+    # cache placement: the outermost level whose footprint (all non-register accesses) fits the cache
+    depth = len(loops)
+    lines_at = []
+    for level in range(depth + 1):
+        inner_ext = inner_loops(loops, level)
+        fp = [a.footprint(inner_ext) for a in mem]
+        lines_at.append((sum(e * a.itemsize for (e, _), a in zip(fp, mem)), [ln for _, ln in fp]))
+
+    def traffic(cap: float) -> float:
+        # lines brought in: the per-iteration working set of the outermost fitting level stays cached, so
+        # count the distinct lines over the loop just outside it (spatial and temporal reuse across it)
+        fit = next((level for level in range(depth + 1) if lines_at[level][0] <= cap), depth)
+        j = max(0, fit - 1)
+        outer = math.prod(lp.extent for lp in loops[:j])
+        return 64.0 * sum(lines_at[j][1]) * outer
+
+    t1, t2, t3 = traffic(m.l1 * 0.5), traffic(m.l2 * 0.5), traffic(m.l3 * 0.5)
+    unique_bytes, unique_lines = lines_at[0][0] if lines_at else 0, sum(lines_at[0][1]) if lines_at else 0
+    nbytes = trip * sum(a.itemsize for a in mem)
+
+    # reuse of the most reused read: the innermost loop it does not depend on
+    reuse_dist, reuse_ct = 0.0, 0.0
+    for a in s.reads:
+        for level in range(depth - 1, -1, -1):
+            lp = loops[level]
+            if lp.kind == "vectorized" or a.depends_on(lp.var.uid):
+                continue
+            if lp.extent > reuse_ct:
+                reuse_ct = float(lp.extent)
+                reuse_dist = float(lines_at[level + 1][0])
+            break
+
+    coalesced, shared_reads, shared_bytes = 1.0, 0, 0.0
+    if m.gpu:
+        tx = next((lp.var.uid for lp in loops if lp.thread == "threadIdx.x"), None)
+        glob = [a for a in s.accesses if a.buffer.scope == "global"]
+        if tx is not None and glob:
+            coalesced = sum(1 for a in glob if a.flat_coeff(tx) in (0, 1)) / len(glob)
+        for a in s.reads:
+            if a.buffer.scope == "shared":
+                shared_reads += 1
+                shared_bytes += trip / max(1, blocks) * a.itemsize
+
+    # cycle estimate
+    flop_work = trip * s.ops
+    if m.gpu:
+        width = m.sm_lanes * m.cores
+        compute = flop_work / width
+        latency = 0.0
+        if accumulate:
+            latency = trip / max(1.0, chains) / max(1.0, threads * blocks) * m.fp_latency
+        ldst = mem_instr / width * 4.0
+        glob_bytes = t2 / max(coalesced, 1.0 / 8)
+        memory = glob_bytes / m.dram_bw_gpu
+    else:
+        compute = flop_work / vec_eff / m.ipc
+        latency = trip / max(1.0, chains) / max(1.0, vec_eff) * m.fp_latency if accumulate else 0.0
+        ldst = mem_instr / m.load_ports
+        memory = max(0.0, t1 - t2) / m.bw_l2 + max(0.0, t2 - t3) / m.bw_l3 + t3 / m.bw_dram
+    parts = (compute, latency, ldst, max(0.0, memory))
+    cycles = (max(parts) + 0.1 * sum(parts)) / speedup
+
+    row = [
+        lg(trip),
+        s.ops,
+        float(s.flops),
+        float(s.special),
+        float(s.divs),
+        float(len(s.reads)),
+        float(sum(1 for a in mem if not a.write)),
+        float(vec_lanes),
+        vec_eff,
+        autovec,
+        float(gathers),
+        fallback,
+        float(accumulate),
+        lg(chains),
+        lg(unroll),
+        lg(par),
+        speedup,
+        lg(serial),
+        lg(inner.extent if inner is not None else 0),
+        float(KIND_CODE.get(inner.kind, 1) if inner is not None else 0),
+        float(depth),
+        float(s.guards),
+        guard_on_inner,
+        lg(nbytes),
+        lg(unique_bytes),
+        lg(unique_lines),
+        lg(t1),
+        lg(t2),
+        lg(t3),
+        lg(trip * s.flops / max(1.0, t2)),
+        lg(reuse_dist),
+        lg(reuse_ct),
+        contig / max(1, len(strides)),
+        bcast / max(1, len(strides)),
+        strided / max(1, len(strides)),
+        float(store_stride == 1),
+        lg(mem_instr),
+        float(regs[0]),
+        float(w.buffer.scope == "global"),
+        lg(compute),
+        lg(latency),
+        lg(ldst),
+        lg(memory),
+        lg(cycles),
+        lg(threads),
+        lg(blocks),
+        coalesced,
+        float(shared_reads),
+        lg(shared_bytes),
+    ]
+    raw = {
+        "cycles": cycles,
+        "compute": compute / speedup,
+        "latency": latency / speedup,
+        "ldst": ldst / speedup,
+        "memory": memory / speedup,
+        "traffic_l1": t1,
+        "traffic_l2": t2,
+        "traffic_l3": t3,
+        "ops": flop_work,
+        "flops": trip * s.flops,
+        "bytes": nbytes,
+        "mem_instr": mem_instr,
+        "vec_eff": vec_eff,
+        "speedup": speedup,
+        "chains": chains,
+        "contig": contig / max(1, len(strides)),
+        "gathers": float(gathers),
+        "trip": float(trip),
+    }
+    return row, raw
