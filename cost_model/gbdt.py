@@ -1,0 +1,285 @@
+"""Gradient-boosted trees (scikit-learn's HistGradientBoostingRegressor) as a Kiln cost model.
+
+Labels are normalized per workload as in TVM (``best latency / latency``, 0 for a failed candidate), so one
+model learns from every workload of a target; rows of workloads with few samples are repeated (up to 8x),
+so a new workload's first measurements are not drowned by a big workload's thousands. Retraining is
+adaptive: a fit happens once ``min_fit`` samples exist and again whenever ``refit_every`` new samples
+arrived (every batch of ``kiln tune``), on at most ``max_train`` samples (per-workload quotas, best
+candidates kept first).
+Until ``trust_samples`` samples exist the prediction is blended, by rank, with the analytic model, which
+is the prior a cold model starts from.
+
+The fitted trees are copied out of scikit-learn into plain arrays (:class:`Forest`) and predictions always
+come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly the same, without
+pickle and without depending on scikit-learn's private classes staying the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cost_model.features import EST_INDEX
+from cost_model.model import CostModel, check_features, normalized_labels
+
+
+@dataclass
+class Forest:
+    """Regression trees in flat arrays: ``prediction = baseline + sum of the leaf values reached``."""
+
+    roots: np.ndarray  # node index of each tree's root
+    feature: np.ndarray
+    threshold: np.ndarray  # go left when x <= threshold
+    left: np.ndarray
+    right: np.ndarray
+    is_leaf: np.ndarray
+    value: np.ndarray
+    missing_left: np.ndarray
+    baseline: float
+    depth: int
+
+    FIELDS = ("roots", "feature", "threshold", "left", "right", "is_leaf", "value", "missing_left")
+
+    @staticmethod
+    def from_sklearn(est: Any) -> Forest:
+        """Copy the trees of a fitted ``HistGradientBoostingRegressor`` (numerical splits only)."""
+        parts, roots, offset, depth = [], [], 0, 0
+        for (pred,) in est._predictors:
+            nodes = pred.nodes
+            if np.any(nodes["is_categorical"]):
+                raise ValueError("categorical splits are not supported")
+            roots.append(offset)
+            parts.append(nodes)
+            depth = max(depth, int(nodes["depth"].max()) + 1)
+            offset += len(nodes)
+        nodes = np.concatenate(parts) if parts else np.zeros(0, dtype=[("left", "u4")])
+        shift = np.repeat(np.asarray(roots, dtype=np.int64), [len(p) for p in parts])
+        return Forest(
+            np.asarray(roots, dtype=np.int64),
+            nodes["feature_idx"].astype(np.int64),
+            nodes["num_threshold"].astype(np.float64),
+            nodes["left"].astype(np.int64) + shift,
+            nodes["right"].astype(np.int64) + shift,
+            nodes["is_leaf"].astype(bool),
+            nodes["value"].astype(np.float64),
+            nodes["missing_go_to_left"].astype(bool),
+            float(np.asarray(est._baseline_prediction).reshape(-1)[0]),
+            depth,
+        )
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        n = len(x)
+        out = np.full(n, self.baseline)
+        if not len(self.roots) or not n:
+            return out
+        idx = np.repeat(self.roots[:, None], n, axis=1)
+        cols = np.arange(n)[None, :]
+        for _ in range(self.depth):
+            leaf = self.is_leaf[idx]
+            if leaf.all():
+                break
+            v = x[cols, self.feature[idx]]
+            go_left = np.where(np.isnan(v), self.missing_left[idx], v <= self.threshold[idx])
+            idx = np.where(leaf, idx, np.where(go_left, self.left[idx], self.right[idx]))
+        return out + self.value[idx].sum(axis=0)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {f"forest_{k}": np.asarray(getattr(self, k)) for k in self.FIELDS}
+        out["forest_scalars"] = np.asarray([self.baseline, float(self.depth)])
+        return out
+
+    @staticmethod
+    def from_arrays(arrays: dict[str, np.ndarray]) -> Forest | None:
+        if "forest_roots" not in arrays:
+            return None
+        baseline, depth = arrays["forest_scalars"]
+        fields = {k: arrays[f"forest_{k}"] for k in Forest.FIELDS}
+        for k in ("is_leaf", "missing_left"):
+            fields[k] = fields[k].astype(bool)
+        return Forest(**fields, baseline=float(baseline), depth=int(depth))
+
+
+def rank01(x: np.ndarray) -> np.ndarray:
+    """Ranks scaled to [0, 1] (ties share the lower rank)."""
+    if len(x) <= 1:
+        return np.zeros(len(x))
+    order = np.argsort(np.argsort(x, kind="stable"), kind="stable")
+    return order / (len(x) - 1)
+
+
+class GBDTModel(CostModel):
+    """Gradient boosting on per-workload normalized labels; see the module docstring."""
+
+    kind = "gbdt"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        max_iter: int = 150,
+        learning_rate: float = 0.1,
+        max_leaf_nodes: int = 15,
+        min_fit: int = 8,
+        refit_every: int = 8,
+        trust_samples: int = 48,
+        max_train: int = 6000,
+        balance: bool = True,
+    ) -> None:
+        super().__init__()
+        self.seed = seed
+        self.params = {
+            "max_iter": max_iter,
+            "learning_rate": learning_rate,
+            "max_leaf_nodes": max_leaf_nodes,
+        }
+        self.min_fit, self.refit_every = min_fit, refit_every
+        self.trust_samples, self.max_train = trust_samples, max_train
+        self.balance = balance
+        self.x = np.zeros((0, 0), dtype=np.float32)
+        self.lat = np.zeros(0)
+        self.wl: list[str] = []
+        self.forest: Forest | None = None
+        self.n_fit = 0  # samples the current forest was trained on
+        self.fits = 0
+
+    # ----------------------------------------------------------------- data
+    def update(self, features: Any, latencies: Sequence[float], workloads: Sequence[str]) -> None:
+        x = check_features(features)
+        lat = np.asarray(latencies, dtype=np.float64).reshape(-1)
+        if len(x) != len(lat) or len(lat) != len(workloads):
+            raise ValueError("features, latencies and workloads must have the same length")
+        if not len(lat):
+            return
+        self.x = x.copy() if not len(self.x) else np.concatenate([self.x, x])
+        self.lat = np.concatenate([self.lat, lat])
+        self.wl += [str(w) for w in workloads]
+        self.n_updates += len(lat)
+        due = self.min_fit if self.forest is None else self.n_fit + self.refit_every
+        if len(self.lat) >= due:
+            self.fit()
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.lat)
+
+    def _training_rows(self) -> np.ndarray:
+        n = len(self.lat)
+        if n <= self.max_train:
+            return np.arange(n)
+        wl = np.asarray(self.wl)
+        names = np.unique(wl)
+        quota = max(1, self.max_train // len(names))
+        keep = []
+        rng = np.random.default_rng(self.seed)
+        for w in names:
+            rows = np.flatnonzero(wl == w)
+            if len(rows) <= quota:
+                keep.append(rows)
+                continue
+            lat = np.where(np.isfinite(self.lat[rows]), self.lat[rows], np.inf)
+            best = rows[np.argsort(lat, kind="stable")[: quota // 4]]
+            rest = np.setdiff1d(rows, best)
+            keep.append(np.concatenate([best, rng.choice(rest, quota - len(best), replace=False)]))
+        return np.sort(np.concatenate(keep))
+
+    def _balanced(self, rows: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Repeat the rows of workloads with few samples (up to 8x, towards the median workload size), so
+        a new workload's first measurements are not drowned by big ones. (Row repetition instead of
+        ``sample_weight``: scikit-learn's weighted binning is 30x slower.)"""
+        wl = np.asarray(self.wl)[rows]
+        names, inverse, counts = np.unique(wl, return_inverse=True, return_counts=True)
+        if len(names) < 2:
+            return rows, y
+        reps = np.clip(np.round(np.median(counts) / counts), 1, 8).astype(np.int64)[inverse]
+        return np.repeat(rows, reps), np.repeat(y, reps)
+
+    def fit(self) -> None:
+        """Train on the data held now (called by :meth:`update` when it is worthwhile)."""
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        from threadpoolctl import threadpool_limits
+
+        rows = self._training_rows()
+        wl = np.asarray(self.wl)[rows]
+        y = normalized_labels(self.lat[rows], wl)
+        if len(rows) < 2 or np.ptp(y) == 0:
+            return
+        if self.balance:
+            rows, y = self._balanced(rows, y)
+        est = HistGradientBoostingRegressor(
+            **self.params,
+            max_bins=64,
+            min_samples_leaf=int(np.clip(len(rows) // 40, 2, 20)),
+            l2_regularization=1.0,
+            early_stopping=False,
+            random_state=self.seed,
+        )
+        # one thread: OpenMP threads on a loaded machine cost more than they save at this size
+        with threadpool_limits(limits=1):
+            est.fit(self.x[rows].astype(np.float64), y)
+        self.forest = Forest.from_sklearn(est)
+        self.n_fit = len(self.lat)
+        self.fits += 1
+
+    # ------------------------------------------------------------ predict
+    def predict(self, features: Any) -> np.ndarray:
+        x = check_features(features)
+        prior = -x[:, EST_INDEX].astype(np.float64)
+        if self.forest is None:
+            return prior
+        raw = self.forest.predict(x)
+        alpha = min(1.0, self.n_fit / max(1, self.trust_samples))
+        if alpha >= 1.0:
+            return raw
+        return alpha * rank01(raw) + (1.0 - alpha) * rank01(prior)
+
+    # --------------------------------------------------------------- save
+    def meta(self) -> dict[str, Any]:
+        return {
+            **super().meta(),
+            "seed": self.seed,
+            "params": self.params,
+            "min_fit": self.min_fit,
+            "refit_every": self.refit_every,
+            "trust_samples": self.trust_samples,
+            "max_train": self.max_train,
+            "balance": self.balance,
+            "n_fit": self.n_fit,
+            "fits": self.fits,
+            "workloads": sorted(set(self.wl)),
+        }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        names = sorted(set(self.wl))
+        code = {w: i for i, w in enumerate(names)}
+        out = {
+            "x": self.x,
+            "latencies": self.lat,
+            "workload_codes": np.asarray([code[w] for w in self.wl], dtype=np.int64),
+        }
+        if self.forest is not None:
+            out.update(self.forest.arrays())
+        return out
+
+    @classmethod
+    def from_saved(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> CostModel:
+        model = cls(
+            seed=int(meta.get("seed", 0)),
+            min_fit=int(meta["min_fit"]),
+            refit_every=int(meta["refit_every"]),
+            trust_samples=int(meta["trust_samples"]),
+            max_train=int(meta["max_train"]),
+            balance=bool(meta.get("balance", True)),
+            **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
+        )
+        names = list(meta.get("workloads", []))
+        model.x = np.asarray(arrays["x"], dtype=np.float32)
+        model.lat = np.asarray(arrays["latencies"], dtype=np.float64)
+        model.wl = [names[int(i)] for i in arrays["workload_codes"]]
+        model.forest = Forest.from_arrays(arrays)
+        model.n_fit = int(meta.get("n_fit", 0))
+        model.fits = int(meta.get("fits", 0))
+        model.n_updates = int(meta.get("n_updates", 0))
+        return model

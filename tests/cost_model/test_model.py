@@ -1,0 +1,199 @@
+"""Cost models: GBDT learns a ranking that transfers to held-out workloads; safe save/load round trips;
+no pickle anywhere; retraining from a database caches features by version."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.builder import GraphBuilder
+from compiler.errors import KilnError
+from compiler.target import Target
+from cost_model.dataset import load_dataset
+from cost_model.evaluate import cross_validate, spearman, top_k_score
+from cost_model.features import EST_INDEX, FEATURE_VERSION, N_FEATURES
+from cost_model.gbdt import GBDTModel
+from cost_model.model import AnalyticModel, RandomModel, create_model, load_model, normalized_labels
+from db.database import RecordIn, TuningDatabase
+from db.status import Status
+from tuner.task import extract_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = Target.host()
+
+
+def synthetic(n_workloads: int = 6, per: int = 80, seed: int = 0):
+    """Random features; latency depends on three columns the same way in every workload (times a
+    workload scale), so a model must learn the shape to rank held-out workloads."""
+    rng = np.random.default_rng(seed)
+    xs, lats, wls = [], [], []
+    for w in range(n_workloads):
+        x = rng.normal(size=(per, N_FEATURES)).astype(np.float32)
+        speed = 2.0 * x[:, 3] - np.abs(x[:, 10]) + 0.5 * (x[:, 20] > 0)
+        lat = (10.0 ** (w % 3 + 1)) * np.exp(-0.5 * speed)
+        lat[rng.random(per) < 0.05] = np.nan  # failed candidates
+        xs.append(x)
+        lats.append(lat)
+        wls += [f"w{w}"] * per
+    return np.concatenate(xs), np.concatenate(lats), wls
+
+
+def test_normalized_labels_per_workload():
+    y = normalized_labels(np.array([2.0, 4.0, np.nan, 10.0, 5.0]), np.array(["a", "a", "a", "b", "b"]))
+    np.testing.assert_allclose(y, [1.0, 0.5, 0.0, 0.5, 1.0])
+
+
+def test_gbdt_learns_a_ranking_that_transfers():
+    x, lat, wl = synthetic()
+    train = np.asarray(wl) != "w5"
+    model = GBDTModel(seed=0)
+    model.update(x[train], lat[train], [w for w, t in zip(wl, train) if t])
+    assert model.fits >= 1 and model.forest is not None
+    scores = model.predict(x[~train])
+    assert spearman(scores, lat[~train]) > 0.8
+    assert top_k_score(scores, lat[~train], 5) > 0.9
+    assert abs(spearman(RandomModel(1).predict(x[~train]), lat[~train])) < 0.4
+
+
+def test_gbdt_refits_adaptively_and_blends_with_the_prior_while_data_is_scarce():
+    x, lat, wl = synthetic(1, 60)
+    model = GBDTModel(seed=0, min_fit=8, refit_every=8, trust_samples=48)
+    assert np.array_equal(model.predict(x[:5]), -x[:5, EST_INDEX].astype(np.float64))  # cold: analytic
+    model.update(x[:4], lat[:4], wl[:4])
+    assert model.fits == 0
+    model.update(x[4:12], lat[4:12], wl[4:12])
+    assert model.fits == 1
+    blended = model.predict(x[12:20])
+    assert blended.min() >= 0.0 and blended.max() <= 1.0  # rank blend with the prior
+    model.update(x[12:16], lat[12:16], wl[12:16])
+    assert model.fits == 1  # fewer than refit_every new samples
+    model.update(x[16:60], lat[16:60], wl[16:60])
+    assert model.fits == 2 and model.n_fit == 60
+
+
+def test_forest_matches_scikit_learn():
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    from cost_model.gbdt import Forest
+
+    x, lat, wl = synthetic(2, 100)
+    y = normalized_labels(lat, np.asarray(wl))
+    est = HistGradientBoostingRegressor(max_iter=30, early_stopping=False).fit(x.astype(np.float64), y)
+    np.testing.assert_allclose(Forest.from_sklearn(est).predict(x), est.predict(x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("name", ["gbdt", "analytic", "random"])
+def test_save_load_round_trip(tmp_path, name):
+    x, lat, wl = synthetic(3, 50)
+    model = create_model(name, seed=3)
+    model.update(x, lat, wl)
+    path = model.save(tmp_path / f"{name}.npz")
+    loaded = load_model(path)
+    assert type(loaded) is type(model) and loaded.n_updates == model.n_updates
+    if name == "random":
+        np.testing.assert_array_equal(loaded.predict(x), create_model("random", seed=3).predict(x))
+    else:
+        np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+    if name == "gbdt":  # the loaded model keeps its data and keeps learning
+        loaded.update(x[:10], lat[:10], wl[:10])
+        assert loaded.n_samples == len(lat) + 10
+        with np.load(path, allow_pickle=False) as data:  # plain arrays only
+            assert all(not data[k].dtype.hasobject for k in data.files)
+
+
+def test_load_rejects_foreign_files(tmp_path):
+    bad = tmp_path / "x.npz"
+    np.savez(bad, a=np.zeros(3))
+    with pytest.raises(KilnError, match="not a Kiln cost model"):
+        load_model(bad)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(KilnError, match="cannot read"):
+        load_model(tmp_path / "junk.npz")
+    model = AnalyticModel()
+    path = model.save(tmp_path / "old.npz")
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    import json
+
+    meta = json.loads(arrays["meta"].tobytes())
+    meta["feature_version"] = FEATURE_VERSION + 1
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "old.npz", **arrays)
+    with pytest.raises(KilnError, match="retrain"):
+        load_model(tmp_path / "old.npz")
+
+
+def test_no_pickle_in_the_package():
+    banned = re.compile(
+        r"^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|joblib|shelve|marshal)\b", re.M
+    )
+    files = [*sorted((ROOT / "cost_model").rglob("*.py")), ROOT / "tuner" / "cost_filter.py"]
+    files.append(ROOT / "tuner" / "commands" / "cost_model.py")
+    for path in files:
+        text = path.read_text()
+        assert not banned.search(text), f"{path} imports a pickle-based serializer"
+        assert "allow_pickle=True" not in text, path
+        assert "pickle.load" not in text, path
+
+
+def _tasks():
+    out = []
+    for rows, cols in ((32, 128), (64, 256), (16, 512)):
+        b = GraphBuilder(f"sm{rows}")
+        (task,) = extract_tasks(b.build([b.softmax(b.input("x", (rows, cols)))]), CPU)
+        out.append(task)
+    return out
+
+
+def _fake_latency(config) -> float:
+    v = {1: 8.0, 4: 4.0, 8: 2.5, 16: 2.0}[config["vector"]]
+    return 10.0 + v * 4 / (1 + config["accum"]) + (0 if config["parallel"] == "rows" else 1.5)
+
+
+def _configs(task, n=24):
+    import itertools
+
+    out = []
+    for vals in itertools.product(*(k.values for k in task.space())):
+        c = dict(zip((k.name for k in task.space()), vals))
+        try:
+            task.check(c)
+        except Exception:
+            continue
+        out.append(c)
+    return out[:: max(1, len(out) // n)][:n]
+
+
+def make_db(url: str) -> TuningDatabase:
+    """A small database: three softmax workloads, records with synthetic latencies (and one error)."""
+    db = TuningDatabase.open(url)
+    db.commit_target(CPU.key, CPU.to_json())
+    for task in _tasks():
+        db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+        recs = [
+            RecordIn(task.workload_key, CPU.key, "reduction", task.sketch.version, c,
+                     [_fake_latency(c) * task.flops / 1e4] * 3, Status.OK)
+            for c in _configs(task)
+        ]  # fmt: skip
+        recs.append(
+            RecordIn(task.workload_key, CPU.key, "reduction", 1, recs[0].config, None, "runtime_error")
+        )
+        db.commit_records(recs)
+    return db
+
+
+def test_retrain_from_database_with_cached_features(tmp_path):
+    db = make_db(f"sqlite:///{tmp_path / 'k.db'}")
+    first = load_dataset(db, CPU.key)
+    assert len(first) == first.computed == 3 * 24 + 3
+    assert np.isnan(first.latencies).sum() == 3  # errors are kept as failed candidates
+    assert len(db.features(FEATURE_VERSION)) == len(first)
+    again = load_dataset(db, CPU.key)
+    assert again.computed == 0  # read back from the database
+    np.testing.assert_array_equal(again.x, first.x)
+    result = cross_validate(again, lambda: GBDTModel(seed=0), "gbdt")
+    assert len(result.rows) == 3
+    assert result.mean("spearman") > 0.5 and result.mean("top5") >= 0.9
