@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "tuner.commands.show",
     "tuner.commands.tune",
     "tuner.commands.compile",
+    "tuner.commands.cost_model",
     "db.cli",
 )
 

@@ -1,0 +1,184 @@
+"""Cost-model pruning in the search (simulated timings), `kiln tune --cost-model analytic` as a process,
+and `kiln cost-model eval` on a small database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from compiler.builder import GraphBuilder
+from compiler.target import Target
+from cost_model.model import RandomModel
+from db.database import TuningDatabase
+from tuner.cost_filter import CostFilter, make_candidate_filter
+from tuner.measure import Measurer
+from tuner.measure_sim import SimulatedRunner
+from tuner.search import TaskTuner
+from tuner.space import config_json
+from tuner.storage import optuna_storage
+from tuner.task import extract_tasks
+
+CPU = Target.host()
+
+
+def _task(rows: int = 32, cols: int = 96, name: str = "sm"):
+    b = GraphBuilder(name)
+    (task,) = extract_tasks(b.build([b.softmax(b.input("x", (rows, cols)))]), CPU)
+    return task
+
+
+def _latency(task, config) -> float:
+    v = {1: 8.0, 4: 4.0, 8: 2.5, 16: 2.0}[config["vector"]]
+    return 10.0 + v * 4 / (1 + config["accum"]) + (0 if config["parallel"] == "rows" else 1.5)
+
+
+def _all_configs(task):
+    import itertools
+
+    space = task.space()
+    return [
+        dict(zip((k.name for k in space), vals)) for vals in itertools.product(*(k.values for k in space))
+    ]
+
+
+def _valid(task, config) -> bool:
+    try:
+        task.check(config)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture
+def db():
+    # in memory: Optuna then uses its in-memory storage too (asks through the RDB storage cost ~50 ms each)
+    with TuningDatabase.open("sqlite://") as d:
+        d.commit_target(CPU.key, CPU.to_json())
+        yield d
+
+
+def test_filter_returns_valid_subset_with_random_picks(db):
+    task = _task()
+    configs = [*_all_configs(task), dict(task.default(), vector=3), {"vector": 4}]
+    assert sum(not _valid(task, c) for c in configs) > 2  # invalid combinations and malformed configs
+    flt = CostFilter(RandomModel(0), db, CPU, seed=1, epsilon=0.25)
+    chosen = flt(task, configs, 8)
+    keys = {config_json(c) for c in configs}
+    assert len(chosen) == 8 and len({config_json(c) for c in chosen}) == 8
+    assert all(config_json(c) in keys and _valid(task, c) for c in chosen)
+    assert flt.stats["random_picks"] == 2 and flt.stats["invalid"] > 0
+    assert config_json(task.default()) in {config_json(c) for c in chosen}  # the default is kept
+
+
+def test_filter_with_only_invalid_candidates_returns_nothing(db):
+    task = _task()
+    bad = [c for c in _all_configs(task) if not _valid(task, c)][:10]
+    flt, _ = make_candidate_filter("analytic", db, CPU)
+    assert flt(task, bad, 4) == []
+
+
+def test_tuning_with_the_cost_model_measures_only_valid_configs_and_learns(db):
+    task = _task()
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    runner = SimulatedRunner(_latency)
+    measurer = Measurer(builder="simulated", runner=runner, target=CPU)
+    flt, oversample = make_candidate_filter("gbdt", db, CPU, seed=0, epsilon=0.125, oversample=4)
+    tuner = TaskTuner(task, db, measurer, optuna_storage(db.url), "tpe", 0, None, None, flt, oversample)
+    for _ in range(4):
+        assert tuner.step(8) <= 8
+    measured = [c for _, c in runner.history]
+    assert len(measured) == len(set(measured)) == tuner.state.measured
+    recs = db.find_records(task.workload_key, CPU.key)
+    assert all(r.status == "ok" for r in recs)  # nothing invalid was measured
+    assert flt.stats["random_picks"] >= 3 and flt.stats["model_picks"] > flt.stats["random_picks"]
+    assert flt.model.n_samples >= 24 and flt.model.fits >= 1  # learned from the first rounds
+    # the trials the model did not pick were told to Optuna as pruned
+    import optuna
+
+    pruned = tuner.study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert len(pruned) >= 8
+    assert tuner.state.best_us <= tuner.state.default_us
+    # what it learned ranks the whole space like the simulated timings do
+    from cost_model.evaluate import spearman
+
+    valid = [c for c in _all_configs(task) if _valid(task, c)]
+    _, x = flt.features(task, valid)
+    lat = np.asarray([_latency(task, c) for c in valid])
+    assert spearman(flt.model.predict(x), lat) > 0.5
+
+
+def test_warm_start_learns_other_workloads_records_and_caches_features(db):
+    from cost_model.features import FEATURE_VERSION
+
+    first, second = _task(32, 96, "a"), _task(64, 160, "b")
+    db.commit_workload(first.workload_key, first.group.canonical(), first.kind, first.flops, first.bytes)
+    runner = SimulatedRunner(_latency)
+    m = Measurer(builder="simulated", runner=runner, target=CPU)
+    flt, k = make_candidate_filter("gbdt", db, CPU)
+    t1 = TaskTuner(first, db, m, optuna_storage(db.url), "tpe", 0, None, None, flt, k)
+    for _ in range(3):
+        t1.step(8)
+    flt.learn(first)
+    n_first = len(db.find_records(first.workload_key, CPU.key))
+    assert len(db.features(FEATURE_VERSION)) == n_first  # features of measured records are cached
+    db.commit_workload(second.workload_key, second.group.canonical(), second.kind, second.flops, second.bytes)
+    fresh, _ = make_candidate_filter("gbdt", db, CPU)
+    assert fresh.learn(second) == n_first  # a new filter starts from every record of the target
+    assert fresh.model.fits >= 1
+
+
+def test_kiln_tune_with_analytic_cost_model(tmp_path):
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "softmax", "--trials", "8", "--batch", "4"]
+    out = subprocess.run(
+        [*cmd, "--cost-model", "analytic", "--db", url, "--no-summary"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    with TuningDatabase.open(url) as d:
+        ((key, _),) = d.model_tasks("softmax")
+        recs = d.find_records(key, CPU.key)
+        assert len(recs) == 8 and all(r.status == "ok" for r in recs)
+
+
+def test_kiln_cost_model_eval_prints_metrics_and_writes_png(tmp_path):
+    sys.path.insert(0, str(tmp_path))
+    from tests.cost_model.test_model import make_db
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    make_db(url).close()
+    png = tmp_path / "eval.png"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "cost-model",
+            "eval",
+            "--db",
+            url,
+            "--target",
+            "cpu",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for word in ("spearman", "top1", "top5", "leave-one-workload-out", "mean"):
+        assert word in out.stdout
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "cost-model", "eval", "--db", url, "--target", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "error" in bad.stderr

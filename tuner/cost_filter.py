@@ -1,0 +1,215 @@
+"""Cost-model pruning of asked candidates: measure only the ones the model ranks best (plus a few random).
+
+``make_candidate_filter(name, db, target, seed)`` -> ``(filter, oversample)`` is what ``kiln tune
+--cost-model gbdt|analytic|random`` plugs into :class:`~tuner.search.TaskTuner`: each round the tuner asks
+Optuna for ``batch * oversample`` fresh, de-duplicated configs and calls ``filter(task, configs, batch)``;
+the configs it returns are measured, the others are told to Optuna as PRUNED (TPE then counts them among
+the bad trials, so the sampler drifts towards what the model likes).
+
+One round of :class:`CostFilter`:
+
+1. Learn: records of the task's workload that the model has not seen yet are read from the database
+   (on the first call, every record of the target: a new model, or a new workload, starts warm from what
+   was measured before). Their features come from the in-process memo (they were asked candidates), the
+   database's feature cache, or are computed and cached there; ``model.update`` retrains when worthwhile.
+2. Validate: each candidate must pass ``task.check`` and schedule; invalid ones are dropped, so they
+   never take one of the model's picks (and are never measured).
+3. Pick: the rule-based default (when asked, so tuning never ends worse than it), then the model's top
+   scores, then ``max(1, round(epsilon * batch))`` random valid candidates (exploration: the model is
+   wrong in places it has never measured).
+
+Anything unexpected inside the model or the features is logged and the round falls back to random picks
+among valid candidates: the cost model must never stop a tuning run.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import KilnError, ScheduleError
+from compiler.sketches import Config
+from compiler.target import Target
+from cost_model.dataset import GroupCache, load_dataset, record_latency
+from cost_model.features import FEATURE_VERSION, FeatureExtractor
+from cost_model.model import CostModel, create_model
+from db.status import Status
+from tuner.space import config_json
+
+log = logging.getLogger("kiln.cost_filter")
+
+DEFAULT_OVERSAMPLE = 8
+DEFAULT_EPSILON = 0.1
+
+
+class CostFilter:
+    """A candidate filter backed by a :class:`~cost_model.model.CostModel`; see the module docstring.
+
+    ``warm_start``: learn from every record of the target already in the database on the first call.
+    ``keep_default``: always measure the task's default config when it is among the candidates.
+    ``stats`` counts candidates, invalid ones, model and random picks, and seconds spent on features and
+    training."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        db: Any,
+        target: Target | str,
+        seed: int = 0,
+        epsilon: float = DEFAULT_EPSILON,
+        warm_start: bool = True,
+        keep_default: bool = True,
+        extractor: FeatureExtractor | None = None,
+    ) -> None:
+        if not 0.0 <= epsilon <= 1.0:
+            raise KilnError(f"epsilon must be in [0, 1], got {epsilon}")
+        self.model = model
+        self.db = db
+        self.target = Target.parse(target)
+        self.rng = random.Random(seed)
+        self.epsilon = epsilon
+        self.warm_start = warm_start
+        self.keep_default = keep_default
+        self.extractor = extractor or FeatureExtractor()
+        self.groups = GroupCache(db)
+        self.seen: set[int] = set()  # record ids the model has learned from
+        self._started = False
+        self.stats: dict[str, float] = {
+            "rounds": 0,
+            "candidates": 0,
+            "invalid": 0,
+            "model_picks": 0,
+            "random_picks": 0,
+            "default_picks": 0,
+            "learned": 0,
+            "feature_s": 0.0,
+            "learn_s": 0.0,
+            "fallbacks": 0,
+        }
+
+    # ---------------------------------------------------------------- learn
+    def learn(self, task: Any) -> int:
+        """Feed the model the records it has not seen (all of the target's on the first call, then the
+        task's workload); returns how many."""
+        t0 = time.perf_counter()
+        self.groups.put(task.workload_key, task.group)
+        if not self._started and self.warm_start:
+            records = self.db.find_records(None, self.target.key)
+        else:
+            records = self.db.find_records(task.workload_key, self.target.key)
+        self._started = True
+        new = [r for r in records if r.id not in self.seen]
+        for r in new:
+            self.seen.add(r.id)
+        new = [r for r in new if Status(r.status) != Status.INVALID_CONFIG]
+        if not new:
+            return 0
+        # features of records measured in this process are in the memo: cache them in the database too
+        fresh = []
+        for r in new:
+            group = self.groups.get(r.workload_key)
+            if group is None:
+                continue
+            known, vec = self.extractor.peek(self.extractor.key(group, self.target, dict(r.config), r.sketch))
+            if known and vec is not None:
+                self.db.commit_features(r.id, FEATURE_VERSION, vec)
+                fresh.append((r, vec))
+        done = {r.id for r, _ in fresh}
+        rest = [r for r in new if r.id not in done]
+        data = load_dataset(self.db, self.target.key, self.extractor, groups=self.groups, records=rest)
+        feats = [v for _, v in fresh] + list(data.x)
+        lats = [record_latency(r) for r, _ in fresh] + list(data.latencies)
+        wls = [r.workload_key for r, _ in fresh] + data.workloads
+        if feats:
+            self.model.update(np.asarray(feats, dtype=np.float32), lats, wls)
+        self.stats["learned"] += len(feats)
+        self.stats["learn_s"] += time.perf_counter() - t0
+        return len(feats)
+
+    # ----------------------------------------------------------------- pick
+    def features(self, task: Any, configs: list[Config]) -> tuple[list[Config], np.ndarray]:
+        """The valid configs (``task.check`` passes and the sketch schedules them) and their features."""
+        t0 = time.perf_counter()
+        valid, rows = [], []
+        for c in configs:
+            try:
+                task.check(c)
+            except (ScheduleError, KilnError):
+                continue
+            vec = self.extractor.for_task(task, c)
+            if vec is not None:
+                valid.append(c)
+                rows.append(vec)
+        self.stats["feature_s"] += time.perf_counter() - t0
+        return valid, np.asarray(rows, dtype=np.float32)
+
+    def __call__(self, task: Any, configs: list[Config], batch: int) -> list[Config]:
+        self.stats["rounds"] += 1
+        self.stats["candidates"] += len(configs)
+        try:
+            self.learn(task)
+        except Exception:  # learning is an optimization: never stop tuning for it
+            log.exception("cost model: learning from the database failed; continuing with what it knows")
+            self.stats["fallbacks"] += 1
+        valid, x = self.features(task, configs)
+        self.stats["invalid"] += len(configs) - len(valid)
+        if len(valid) <= batch:
+            self.stats["model_picks"] += len(valid)
+            return valid
+        try:
+            scores = np.asarray(self.model.predict(x), dtype=np.float64)
+            if scores.shape != (len(valid),) or not np.all(np.isfinite(scores)):
+                raise ValueError(f"bad scores of shape {scores.shape}")
+        except Exception:
+            log.exception("cost model: prediction failed; picking at random this round")
+            self.stats["fallbacks"] += 1
+            scores = np.asarray([self.rng.random() for _ in valid])
+        return self.pick(task, valid, scores, batch)
+
+    def pick(self, task: Any, valid: list[Config], scores: np.ndarray, batch: int) -> list[Config]:
+        """Default (if asked), then the best scores, then ``epsilon`` random picks; ``batch`` in all."""
+        n_random = max(1, round(self.epsilon * batch)) if self.epsilon > 0 and batch >= 2 else 0
+        chosen: list[int] = []
+        if self.keep_default:
+            default = config_json(task.default())
+            chosen += [i for i, c in enumerate(valid) if config_json(c) == default][:1]
+            self.stats["default_picks"] += len(chosen)
+        n_default = len(chosen)
+        taken = set(chosen)
+        n_model = max(0, batch - n_random - len(chosen))
+        for i in sorted(range(len(valid)), key=lambda i: (-scores[i], i)):
+            if n_model <= 0:
+                break
+            if i not in taken:
+                chosen.append(i)
+                taken.add(i)
+                n_model -= 1
+        self.stats["model_picks"] += len(taken) - n_default
+        rest = [i for i in range(len(valid)) if i not in taken]
+        extra = self.rng.sample(rest, min(len(rest), batch - len(chosen)))
+        self.stats["random_picks"] += len(extra)
+        return [valid[i] for i in chosen + extra]
+
+
+def make_candidate_filter(
+    name: str | CostModel,
+    db: Any,
+    target: Target | str,
+    seed: int = 0,
+    oversample: int = DEFAULT_OVERSAMPLE,
+    epsilon: float = DEFAULT_EPSILON,
+    **options: Any,
+) -> tuple[Callable[[Any, list[Config], int], list[Config]] | None, int]:
+    """``(candidate_filter, oversample)`` for ``kiln tune --cost-model NAME`` (``gbdt``, ``analytic``,
+    ``random`` or a model instance); ``none`` gives ``(None, 1)``."""
+    if name == "none":
+        return None, 1
+    if oversample < 1:
+        raise KilnError(f"oversample must be at least 1, got {oversample}")
+    model = create_model(name, seed=seed)
+    return CostFilter(model, db, target, seed=seed, epsilon=epsilon, **options), oversample
