@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_common import (  # noqa: E402
+from scripts.bench_common import (
     THREADS,
     copy_bandwidth_gbs,
     interleaved,
@@ -28,7 +28,7 @@ from scripts.bench_common import (  # noqa: E402
     ort_runner,
     torch_runners,
 )
-from scripts.numpy_peer import peer_for  # noqa: E402
+from scripts.numpy_peer import peer_for
 
 DEFAULT_MODELS = ["softmax_large", "rmsnorm", "layernorm", "bias_gelu", "matmul", "mlp", "encoder_layer"]
 FUSED_CHAINS = {"softmax_large", "rmsnorm", "layernorm", "bias_gelu"}
@@ -65,13 +65,13 @@ def main() -> int:
         contenders = {}
         model = kiln_compile(graph, "cpu")
         _check(name, "kiln default", model.run(inputs), refs)
-        contenders["kiln default"] = lambda m=model: m.run(inputs, copy=False)
+        contenders["kiln default"] = lambda m=model, x=inputs: m.run(x, copy=False)
         if args.db:
             from db.database import TuningDatabase
 
             tuned = kiln_compile(graph, "cpu", db=TuningDatabase.open(args.db, create=False))
             _check(name, "kiln tuned", tuned.run(inputs), refs)
-            contenders["kiln tuned"] = lambda m=tuned: m.run(inputs, copy=False)
+            contenders["kiln tuned"] = lambda m=tuned, x=inputs: m.run(x, copy=False)
         np_fn = peer_for(name, graph, inputs)
         if np_fn is not None:
             _check(name, "numpy", np_fn(), refs)
