@@ -108,9 +108,16 @@ def test_run_check_on_a_compiled_onnx_model(files, tmp_path):
     assert "vs the numpy reference" in out
 
 
-def test_tune_then_compile_with_the_database(files, tmp_path):
-    url = f"sqlite:///{tmp_path / 'k.db'}"
+@pytest.fixture(scope="module")
+def tuned(files, tmp_path_factory) -> tuple[str, str]:
+    """A database with `kiln tune` records for the MLP file, and what kiln tune printed."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'k.db'}"
     out = ok(kiln("tune", "--model", files["mlp"], "--trials", "6", "--batch", "3", "--db", url))
+    return url, out
+
+
+def test_tune_then_compile_with_the_database(files, tuned, tmp_path):
+    url, out = tuned
     assert "g0_matmul" in out and "g1_matmul" in out
     assert "2 of 2 kernels use tuned records" in out  # the whole-model summary
     comp = ok(kiln("compile", "--model", files["mlp"], "--db", url, "-o", str(tmp_path / "tuned")))
@@ -128,10 +135,8 @@ def test_tune_then_compile_with_the_database(files, tmp_path):
     reason="CLI gap (db/cli.py): `kiln query best|coverage --model` takes the recorded model name only; "
     "given FILE.onnx it answers 'no tasks recorded' instead of loading the file for its name",
 )
-def test_query_by_onnx_path(files, tmp_path):
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    ok(kiln("tune", "--model", files["mlp"], "--trials", "2", "--db", url, "--no-summary"))
-    ok(kiln("query", "coverage", "--model", files["mlp"], "--target", "cpu", "--db", url))
+def test_query_by_onnx_path(files, tuned):
+    ok(kiln("query", "coverage", "--model", files["mlp"], "--target", "cpu", "--db", tuned[0]))
 
 
 def test_dynamic_dimension_needs_input_shape(files, tmp_path):
