@@ -46,7 +46,7 @@ from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
 from tuner.space import config_json
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 TOP_STORES = 3
 KINDS = ("pointwise", "reduction", "contraction")
 

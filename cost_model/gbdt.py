@@ -1,13 +1,18 @@
 """Gradient-boosted trees (scikit-learn's HistGradientBoostingRegressor) as a Kiln cost model.
 
-Labels are normalized per workload as in TVM (``best latency / latency``, 0 for a failed candidate), so one
-model learns from every workload of a target; rows of workloads with few samples are repeated (up to 8x),
+Two targets, both normalized per workload so that one model learns from every workload of a target:
+
+- ``residual`` (default): the trees learn what the analytic roofline model gets wrong,
+  ``log2(latency) - est_log_cycles`` centered on the workload's median, and the score is the analytic
+  prior corrected by them. With no data it *is* the analytic model; every measurement refines it.
+- ``ratio``: TVM's labels, ``best latency / latency`` (0 for a failed candidate); until
+  ``trust_samples`` samples exist the prediction is blended, by rank, with the analytic model.
+
+In both, rows of workloads with few samples are repeated (up to 8x),
 so a new workload's first measurements are not drowned by a big workload's thousands. Retraining is
 adaptive: a fit happens once ``min_fit`` samples exist and again whenever ``refit_every`` new samples
 arrived (every batch of ``kiln tune``), on at most ``max_train`` samples (per-workload quotas, best
 candidates kept first).
-Until ``trust_samples`` samples exist the prediction is blended, by rank, with the analytic model, which
-is the prior a cold model starts from.
 
 The fitted trees are copied out of scikit-learn into plain arrays (:class:`Forest`) and predictions always
 come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly the same, without
@@ -103,6 +108,26 @@ class Forest:
         return Forest(**fields, baseline=float(baseline), depth=int(depth))
 
 
+TARGETS = ("residual", "ratio")
+
+
+def residual_labels(x: np.ndarray, latencies: np.ndarray, workloads: np.ndarray) -> np.ndarray:
+    """``log2(latency) - est_log_cycles`` centered on each workload's median (what the analytic model gets
+    wrong, in factors of two), clipped to [-4, 4]; a failed candidate gets its workload's worst + 1."""
+    lat = np.asarray(latencies, dtype=np.float64)
+    wl = np.asarray(workloads)
+    ok = np.isfinite(lat) & (lat > 0)
+    r = np.zeros(len(lat))
+    r[ok] = np.log2(lat[ok]) - x[ok, EST_INDEX].astype(np.float64)
+    for w in np.unique(wl):
+        sel = wl == w
+        good = sel & ok
+        if good.any():
+            r[good] -= np.median(r[good])
+            r[sel & ~ok] = r[good].max() + 1.0
+    return np.clip(r, -4.0, 4.0)
+
+
 def rank01(x: np.ndarray) -> np.ndarray:
     """Ranks scaled to [0, 1] (ties share the lower rank)."""
     if len(x) <= 1:
@@ -127,7 +152,10 @@ class GBDTModel(CostModel):
         trust_samples: int = 48,
         max_train: int = 6000,
         balance: bool = True,
+        target: str = "residual",
     ) -> None:
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         super().__init__()
         self.seed = seed
         self.params = {
@@ -138,6 +166,7 @@ class GBDTModel(CostModel):
         self.min_fit, self.refit_every = min_fit, refit_every
         self.trust_samples, self.max_train = trust_samples, max_train
         self.balance = balance
+        self.target = target
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.lat = np.zeros(0)
         self.wl: list[str] = []
@@ -203,7 +232,10 @@ class GBDTModel(CostModel):
 
         rows = self._training_rows()
         wl = np.asarray(self.wl)[rows]
-        y = normalized_labels(self.lat[rows], wl)
+        if self.target == "residual":
+            y = residual_labels(self.x[rows], self.lat[rows], wl)
+        else:
+            y = normalized_labels(self.lat[rows], wl)
         if len(rows) < 2 or np.ptp(y) == 0:
             return
         if self.balance:
@@ -229,6 +261,8 @@ class GBDTModel(CostModel):
         prior = -x[:, EST_INDEX].astype(np.float64)
         if self.forest is None:
             return prior
+        if self.target == "residual":
+            return prior - self.forest.predict(x)
         raw = self.forest.predict(x)
         alpha = min(1.0, self.n_fit / max(1, self.trust_samples))
         if alpha >= 1.0:
@@ -246,6 +280,7 @@ class GBDTModel(CostModel):
             "trust_samples": self.trust_samples,
             "max_train": self.max_train,
             "balance": self.balance,
+            "target": self.target,
             "n_fit": self.n_fit,
             "fits": self.fits,
             "workloads": sorted(set(self.wl)),
@@ -272,6 +307,7 @@ class GBDTModel(CostModel):
             trust_samples=int(meta["trust_samples"]),
             max_train=int(meta["max_train"]),
             balance=bool(meta.get("balance", True)),
+            target=str(meta.get("target", "residual")),
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))

@@ -63,14 +63,19 @@ class Loop:
 
 @dataclass
 class Access:
-    """One buffer access of a store: per dimension, ``{var uid: coefficient}`` and the span of the
-    nonlinear atoms; ``nonlinear`` holds the uids of variables that appear inside such atoms."""
+    """One buffer access of a store, as affine maps from loop variables (by uid) to coefficients: per
+    dimension (``coeffs``, with the spans of nonlinear atoms in ``atom_spans``) and of the flat row-major
+    index (``flat``, ``flat_atoms``). The flat form sees through the ``x // n, x % n`` pairs a fused loop
+    leaves behind (``to_affine`` merges them back into ``x``)."""
 
     buffer: Buffer
     write: bool
     coeffs: list[dict[int, int]]
     atom_spans: list[list[tuple[frozenset[int], int]]]
     nonlinear: frozenset[int]
+    flat: dict[int, int]
+    flat_atoms: list[tuple[frozenset[int], int]]
+    flat_nonlinear: frozenset[int]
 
     @property
     def itemsize(self) -> int:
@@ -78,13 +83,12 @@ class Access:
 
     def flat_coeff(self, uid: int) -> int | None:
         """Coefficient of loop variable ``uid`` in the flat (row-major) index; None if nonlinear."""
-        if uid in self.nonlinear:
+        if uid in self.flat_nonlinear:
             return None
-        strides = self.buffer.strides
-        return sum(c.get(uid, 0) * s for c, s in zip(self.coeffs, strides))
+        return self.flat.get(uid, 0)
 
     def depends_on(self, uid: int) -> bool:
-        return uid in self.nonlinear or any(uid in c for c in self.coeffs)
+        return uid in self.flat or uid in self.flat_nonlinear
 
     def spans(self, inner: dict[int, int]) -> list[int]:
         """Per-dimension number of distinct indices when the loops ``inner`` (uid -> extent) iterate."""
@@ -98,14 +102,16 @@ class Access:
         return out
 
     def footprint(self, inner: dict[int, int]) -> tuple[int, int]:
-        """(distinct elements, distinct 64-byte cache lines) touched while ``inner`` loops iterate."""
+        """(distinct elements, distinct 64-byte cache lines) touched while ``inner`` loops iterate: the
+        smaller of the per-dimension box and the flat index range."""
         spans = self.spans(inner)
-        if not spans:
-            return 1, 1
-        elems = math.prod(spans)
-        last_bytes = spans[-1] * self.itemsize
+        elems = math.prod(spans) if spans else 1
+        last_bytes = (spans[-1] if spans else 1) * self.itemsize
         lines = math.prod(spans[:-1]) * max(1, -(-last_bytes // 64))
-        return elems, lines
+        flat = 1 + sum(abs(c) * (inner[u] - 1) for u, c in self.flat.items() if u in inner)
+        flat += sum(span - 1 for uids, span in self.flat_atoms if uids & inner.keys())
+        flat = min(flat, max(1, self.buffer.numel))
+        return min(elems, flat), min(lines, max(1, -(-flat * self.itemsize // 64)))
 
 
 @dataclass
@@ -245,30 +251,43 @@ def _store_info(
     return info
 
 
-def _access(buf: Buffer, indices: tuple[Expr, ...], write: bool, ranges: dict) -> Access:
-    coeffs: list[dict[int, int]] = []
-    atom_spans: list[list[tuple[frozenset[int], int]]] = []
+def _affine_parts(
+    e: Expr, ranges: dict
+) -> tuple[dict[int, int], list[tuple[frozenset[int], int]], frozenset[int]]:
+    """(var uid -> coefficient, [(uids of a nonlinear atom, its span)], uids inside nonlinear atoms)."""
+    if isinstance(e, Const):
+        return {}, [], frozenset()
+    c: dict[int, int] = {}
+    spans: list[tuple[frozenset[int], int]] = []
     nonlinear: set[int] = set()
-    for idx in indices:
-        c: dict[int, int] = {}
-        spans: list[tuple[frozenset[int], int]] = []
-        if isinstance(idx, Const):
-            coeffs.append(c)
-            atom_spans.append(spans)
+    for atom, k in to_affine(e, ranges).terms.values():
+        if isinstance(atom, Var):
+            c[atom.uid] = c.get(atom.uid, 0) + k
             continue
-        aff = to_affine(idx, ranges)
-        for atom, k in aff.terms.values():
-            if isinstance(atom, Var):
-                c[atom.uid] = c.get(atom.uid, 0) + k
-                continue
-            uids = frozenset(v.uid for v in _vars(atom))
-            nonlinear |= uids
-            r = bound(atom, ranges)
-            span = (r[1] - r[0] + 1) * abs(k) if r is not None else 1 << 20
-            spans.append((uids, span))
-        coeffs.append({u: k for u, k in c.items() if k})
+        uids = frozenset(v.uid for v in _vars(atom))
+        nonlinear |= uids
+        r = bound(atom, ranges)
+        spans.append((uids, (r[1] - r[0] + 1) * abs(k) if r is not None else 1 << 20))
+    return {u: k for u, k in c.items() if k}, spans, frozenset(nonlinear)
+
+
+def _access(buf: Buffer, indices: tuple[Expr, ...], write: bool, ranges: dict) -> Access:
+    coeffs, atom_spans, nonlinear = [], [], set()
+    for idx in indices:
+        c, spans, nl = _affine_parts(idx, ranges)
+        coeffs.append(c)
         atom_spans.append(spans)
-    return Access(buf, write, coeffs, atom_spans, frozenset(nonlinear))
+        nonlinear |= nl
+    flat_expr: Expr | None = None
+    for idx, stride in zip(indices, buf.strides):
+        term = idx * stride if stride != 1 else idx
+        flat_expr = term if flat_expr is None else flat_expr + term
+    if flat_expr is None or len(indices) == 1:
+        flat = coeffs[0] if coeffs else {}
+        flat_atoms, flat_nl = (atom_spans[0] if atom_spans else []), frozenset(nonlinear)
+    else:
+        flat, flat_atoms, flat_nl = _affine_parts(flat_expr, ranges)
+    return Access(buf, write, coeffs, atom_spans, frozenset(nonlinear), flat, flat_atoms, flat_nl)
 
 
 def inner_loops(loops: tuple[Loop, ...], level: int) -> dict[int, int]:

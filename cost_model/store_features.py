@@ -81,16 +81,17 @@ class Machine:
 
     gpu: bool
     cores: int
-    lanes: int
+    lanes: int  # float32 lanes of the widest vector register
+    datapath: int  # float32 lanes a vector unit processes per issue (Zen 4: 512-bit ops as two halves)
     l1: int
     l2: int
     l3: int
     ipc: float = 2.0  # vector ops issued per cycle
     load_ports: float = 2.0
     fp_latency: float = 4.0
-    bw_l2: float = 32.0  # bytes per cycle into L1
-    bw_l3: float = 16.0
-    bw_dram: float = 6.0
+    bw_l2: float = 64.0  # bytes per cycle into L1 (from L2)
+    bw_l3: float = 32.0
+    bw_dram: float = 8.0
     fork_cycles: float = 3000.0  # one OpenMP parallel region
     launch_cycles: float = 6000.0  # one kernel launch (GPU)
     sm_lanes: float = 128.0
@@ -99,14 +100,17 @@ class Machine:
     @staticmethod
     def of(target: Target) -> Machine:
         if target.kind == "cuda":
-            return Machine(True, max(1, target.cores), 1, 256 * 1024, target.l2_bytes, target.l2_bytes)
+            return Machine(True, max(1, target.cores), 1, 1, 256 * 1024, target.l2_bytes, target.l2_bytes)
+        lanes = target.vector_lanes_f32
+        double_pumped = lanes == 16 and "AMD" in target.device.upper()
         return Machine(
             False,
             max(1, target.cores),
-            target.vector_lanes_f32,
+            lanes,
+            lanes // 2 if double_pumped else lanes,
             target.l1_bytes,
             target.l2_bytes,
-            max(16 * target.l2_bytes, 16 << 20),
+            max(16 * target.l2_bytes, 32 << 20),  # L3 of one CCD (the target does not say)
         )
 
 
@@ -123,6 +127,17 @@ def _register(a: Access, kinds: dict[int, tuple[str, int]]) -> bool:
     return True
 
 
+def _distinct(accesses: list[Access]) -> list[Access]:
+    """One access per (buffer, index pattern): reading ``x`` twice at the same index is one stream."""
+    out, seen = [], set()
+    for a in accesses:
+        key = (a.buffer.uid, tuple(sorted(a.flat.items())), tuple(a.flat_atoms), a.write)
+        if key not in seen:
+            seen.add(key)
+            out.append(a)
+    return out
+
+
 def _same_location(a: Access, b: Access) -> bool:
     return a.buffer is b.buffer and a.coeffs == b.coeffs and not a.nonlinear and not b.nonlinear
 
@@ -137,7 +152,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
     iu = inner.var.uid if inner is not None else -1
     w = s.write
     regs = [_register(a, kinds) for a in s.accesses]
-    mem = [a for a, r in zip(s.accesses, regs) if not r]
+    mem = _distinct([a for a, r in zip(s.accesses, regs) if not r])
 
     # SIMD: explicit vector loop, its fallbacks and gathers; gcc's own vectorization of simple loops
     vec_lanes = inner.extent if inner is not None and inner.kind == "vectorized" else 1
@@ -192,9 +207,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         else:
             break
     mem_instr = 0.0
-    for a, r in zip(s.accesses, regs):
-        if r:
-            continue
+    for a in mem:
         reuse = math.prod(lp.extent for lp in run if lp.kind == "unrolled" and not a.depends_on(lp.var.uid))
         per = vec_eff if a.flat_coeff(iu) in (0, 1) else 1.0
         mem_instr += trip / max(1.0, per) / max(1, reuse)
@@ -211,11 +224,13 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         # lines brought in: the per-iteration working set of the outermost fitting level stays cached, so
         # count the distinct lines over the loop just outside it (spatial and temporal reuse across it)
         fit = next((level for level in range(depth + 1) if lines_at[level][0] <= cap), depth)
-        j = max(0, fit - 1)
+        if fit == 0:
+            return 0.0  # the whole nest fits: the timing loop finds it cached (no flush between calls)
+        j = fit - 1
         outer = math.prod(lp.extent for lp in loops[:j])
         return 64.0 * sum(lines_at[j][1]) * outer
 
-    t1, t2, t3 = traffic(m.l1 * 0.5), traffic(m.l2 * 0.5), traffic(m.l3 * 0.5)
+    t1, t2, t3 = traffic(m.l1 * 0.5), traffic(m.l2 * 0.5), traffic(m.l3 * 0.8)
     unique_bytes, unique_lines = lines_at[0][0] if lines_at else 0, sum(lines_at[0][1]) if lines_at else 0
     nbytes = trip * sum(a.itemsize for a in mem)
 
@@ -254,12 +269,14 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         glob_bytes = t2 / max(coalesced, 1.0 / 8)
         memory = glob_bytes / m.dram_bw_gpu
     else:
-        compute = flop_work / vec_eff / m.ipc
+        compute = flop_work / min(vec_eff, m.datapath) / m.ipc
         latency = trip / max(1.0, chains) / max(1.0, vec_eff) * m.fp_latency if accumulate else 0.0
-        ldst = mem_instr / m.load_ports
+        ldst = mem_instr * math.ceil(vec_eff / m.datapath) / m.load_ports
         memory = max(0.0, t1 - t2) / m.bw_l2 + max(0.0, t2 - t3) / m.bw_l3 + t3 / m.bw_dram
-    parts = (compute, latency, ldst, max(0.0, memory))
-    cycles = (max(parts) + 0.1 * sum(parts)) / speedup
+    # the core's own limits overlap almost fully; memory overlaps with them only partly
+    core = max(compute, latency, ldst) + 0.1 * (compute + latency + ldst - max(compute, latency, ldst))
+    memory = max(0.0, memory)
+    cycles = math.hypot(core, memory) / speedup
 
     row = [
         lg(trip),

@@ -27,11 +27,13 @@ CPU = Target.host()
 
 def synthetic(n_workloads: int = 6, per: int = 80, seed: int = 0):
     """Random features; latency depends on three columns the same way in every workload (times a
-    workload scale), so a model must learn the shape to rank held-out workloads."""
+    workload scale), so a model must learn the shape to rank held-out workloads. The analytic estimate
+    column is constant (no prior)."""
     rng = np.random.default_rng(seed)
     xs, lats, wls = [], [], []
     for w in range(n_workloads):
         x = rng.normal(size=(per, N_FEATURES)).astype(np.float32)
+        x[:, EST_INDEX] = 20.0  # an uninformative analytic prior
         speed = 2.0 * x[:, 3] - np.abs(x[:, 10]) + 0.5 * (x[:, 20] > 0)
         lat = (10.0 ** (w % 3 + 1)) * np.exp(-0.5 * speed)
         lat[rng.random(per) < 0.05] = np.nan  # failed candidates
@@ -46,10 +48,11 @@ def test_normalized_labels_per_workload():
     np.testing.assert_allclose(y, [1.0, 0.5, 0.0, 0.5, 1.0])
 
 
-def test_gbdt_learns_a_ranking_that_transfers():
+@pytest.mark.parametrize("target", ["residual", "ratio"])
+def test_gbdt_learns_a_ranking_that_transfers(target):
     x, lat, wl = synthetic()
     train = np.asarray(wl) != "w5"
-    model = GBDTModel(seed=0)
+    model = GBDTModel(seed=0, target=target)
     model.update(x[train], lat[train], [w for w, t in zip(wl, train) if t])
     assert model.fits >= 1 and model.forest is not None
     scores = model.predict(x[~train])
@@ -60,7 +63,8 @@ def test_gbdt_learns_a_ranking_that_transfers():
 
 def test_gbdt_refits_adaptively_and_blends_with_the_prior_while_data_is_scarce():
     x, lat, wl = synthetic(1, 60)
-    model = GBDTModel(seed=0, min_fit=8, refit_every=8, trust_samples=48)
+    model = GBDTModel(seed=0, min_fit=8, refit_every=8, trust_samples=48, target="ratio")
+    x[:, EST_INDEX] = np.arange(len(x))
     assert np.array_equal(model.predict(x[:5]), -x[:5, EST_INDEX].astype(np.float64))  # cold: analytic
     model.update(x[:4], lat[:4], wl[:4])
     assert model.fits == 0
@@ -72,6 +76,20 @@ def test_gbdt_refits_adaptively_and_blends_with_the_prior_while_data_is_scarce()
     assert model.fits == 1  # fewer than refit_every new samples
     model.update(x[16:60], lat[16:60], wl[16:60])
     assert model.fits == 2 and model.n_fit == 60
+
+
+def test_residual_target_starts_from_the_analytic_prior_and_corrects_it():
+    from cost_model.gbdt import residual_labels
+
+    x, lat, wl = synthetic(2, 60)
+    x[:, EST_INDEX] = np.log2(np.where(np.isfinite(lat), lat, 1.0))  # a perfect prior
+    r = residual_labels(x, lat, np.asarray(wl))
+    assert np.allclose(r[np.isfinite(lat)], 0.0, atol=1e-5) and np.allclose(r[~np.isfinite(lat)], 1.0, atol=1e-5)
+    model = GBDTModel(seed=0)
+    np.testing.assert_array_equal(model.predict(x), -x[:, EST_INDEX].astype(np.float64))
+    x[:, EST_INDEX] = 0.0  # a useless prior: the trees must learn the whole ranking
+    model.update(x[:60], lat[:60], wl[:60])
+    assert spearman(model.predict(x[60:]), lat[60:]) > 0.7
 
 
 def test_forest_matches_scikit_learn():
