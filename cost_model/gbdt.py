@@ -4,7 +4,9 @@ Two targets, both normalized per workload so that one model learns from every wo
 
 - ``residual`` (default): the trees learn what the analytic roofline model gets wrong,
   ``log2(latency) - est_log_cycles`` centered on the workload's median, and the score is the analytic
-  prior corrected by them. With no data it *is* the analytic model; every measurement refines it.
+  prior corrected by them, the correction weighted ``n / (n + prior_samples)`` for ``n`` training
+  samples (shrinkage towards the prior while data is scarce). With no data it *is* the analytic model;
+  every measurement refines it.
 - ``ratio``: TVM's labels, ``best latency / latency`` (0 for a failed candidate); until
   ``trust_samples`` samples exist the prediction is blended, by rank, with the analytic model.
 
@@ -150,6 +152,7 @@ class GBDTModel(CostModel):
         min_fit: int = 8,
         refit_every: int = 8,
         trust_samples: int = 48,
+        prior_samples: float = 16.0,
         max_train: int = 6000,
         balance: bool = True,
         target: str = "residual",
@@ -165,6 +168,7 @@ class GBDTModel(CostModel):
         }
         self.min_fit, self.refit_every = min_fit, refit_every
         self.trust_samples, self.max_train = trust_samples, max_train
+        self.prior_samples = float(prior_samples)
         self.balance = balance
         self.target = target
         self.x = np.zeros((0, 0), dtype=np.float32)
@@ -261,8 +265,8 @@ class GBDTModel(CostModel):
         prior = -x[:, EST_INDEX].astype(np.float64)
         if self.forest is None:
             return prior
-        if self.target == "residual":
-            return prior - self.forest.predict(x)
+        if self.target == "residual":  # the correction is trusted as data accumulates
+            return prior - self.n_fit / (self.n_fit + self.prior_samples) * self.forest.predict(x)
         raw = self.forest.predict(x)
         alpha = min(1.0, self.n_fit / max(1, self.trust_samples))
         if alpha >= 1.0:
@@ -278,6 +282,7 @@ class GBDTModel(CostModel):
             "min_fit": self.min_fit,
             "refit_every": self.refit_every,
             "trust_samples": self.trust_samples,
+            "prior_samples": self.prior_samples,
             "max_train": self.max_train,
             "balance": self.balance,
             "target": self.target,
@@ -305,6 +310,7 @@ class GBDTModel(CostModel):
             min_fit=int(meta["min_fit"]),
             refit_every=int(meta["refit_every"]),
             trust_samples=int(meta["trust_samples"]),
+            prior_samples=float(meta.get("prior_samples", 16.0)),
             max_train=int(meta["max_train"]),
             balance=bool(meta.get("balance", True)),
             target=str(meta.get("target", "residual")),
