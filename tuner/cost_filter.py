@@ -50,7 +50,9 @@ DEFAULT_EPSILON = 0.1
 class CostFilter:
     """A candidate filter backed by a :class:`~cost_model.model.CostModel`; see the module docstring.
 
-    ``warm_start``: learn from every record of the target already in the database on the first call.
+    ``warm_start``: learn from the records of the target already in the database on the first call (at most
+    ``warm_limit`` per workload: its best quarter and an even sample of the rest; the workload being tuned
+    gets all of its own records on the next call).
     ``keep_default``: always measure the task's default config when it is among the candidates.
     ``stats`` counts candidates, invalid ones, model and random picks, and seconds spent on features and
     training."""
@@ -63,6 +65,7 @@ class CostFilter:
         seed: int = 0,
         epsilon: float = DEFAULT_EPSILON,
         warm_start: bool = True,
+        warm_limit: int = 400,
         keep_default: bool = True,
         extractor: FeatureExtractor | None = None,
     ) -> None:
@@ -74,6 +77,7 @@ class CostFilter:
         self.rng = random.Random(seed)
         self.epsilon = epsilon
         self.warm_start = warm_start
+        self.warm_limit = warm_limit
         self.keep_default = keep_default
         self.extractor = extractor or FeatureExtractor()
         self.groups = GroupCache(db)
@@ -99,7 +103,9 @@ class CostFilter:
         t0 = time.perf_counter()
         self.groups.put(task.workload_key, task.group)
         if not self._started and self.warm_start:
-            records = self.db.find_records(None, self.target.key)
+            records = sample_per_workload(self.db.find_records(None, self.target.key), self.warm_limit)
+            if len(records) > 500:
+                log.info("cost model: warm start from %d records of %s", len(records), self.target.key)
         else:
             records = self.db.find_records(task.workload_key, self.target.key)
         self._started = True
@@ -194,6 +200,23 @@ class CostFilter:
         extra = self.rng.sample(rest, min(len(rest), batch - len(chosen)))
         self.stats["random_picks"] += len(extra)
         return [valid[i] for i in chosen + extra]
+
+
+def sample_per_workload(records: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` records per workload of ``records`` (which come best first): the best quarter,
+    then an even sample of the rest."""
+    groups: dict[str, list[Any]] = {}
+    for r in records:
+        groups.setdefault(r.workload_key, []).append(r)
+    out: list[Any] = []
+    for rs in groups.values():
+        if len(rs) <= limit:
+            out += rs
+            continue
+        head, rest = rs[: limit // 4], rs[limit // 4 :]
+        step = len(rest) / (limit - len(head))
+        out += head + [rest[int(k * step)] for k in range(limit - len(head))]
+    return out
 
 
 def make_candidate_filter(

@@ -182,3 +182,16 @@ def test_kiln_cost_model_eval_prints_metrics_and_writes_png(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "error" in bad.stderr
+
+
+def test_warm_start_sample_per_workload():
+    from types import SimpleNamespace
+
+    from tuner.cost_filter import sample_per_workload
+
+    recs = [SimpleNamespace(workload_key="a", id=i) for i in range(100)]
+    recs += [SimpleNamespace(workload_key="b", id=100 + i) for i in range(10)]
+    out = sample_per_workload(recs, 20)
+    a = [r.id for r in out if r.workload_key == "a"]
+    assert len(a) == 20 and a[:5] == [0, 1, 2, 3, 4] and len(set(a)) == 20 and max(a) > 80
+    assert [r.id for r in out if r.workload_key == "b"] == list(range(100, 110))
