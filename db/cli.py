@@ -148,6 +148,12 @@ def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[Tunin
     def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
         print(f"kiln: warning: {message}", file=sys.stderr)
 
+    if getattr(args, "model", None) and str(args.model).endswith(".onnx"):
+        from pathlib import Path
+
+        from compiler.frontend.onnx_common import sanitize
+
+        args.model = sanitize(Path(args.model).stem, "onnx_model")  # the importer names graphs after the file
     with warnings.catch_warnings():
         warnings.showwarning = show
         with TuningDatabase.open(args.db, create=create) as db:

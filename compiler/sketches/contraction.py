@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
-from compiler.loopir.expr import Load, Var, free_vars, walk
+from compiler.loopir.expr import Binary, Expr, Load, Var, free_vars, walk
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
 from compiler.sketches.base import PARALLEL_MIN_WORK, Config, Knob, Sketch, prepare
@@ -64,31 +64,36 @@ def _anchor_extents(group: Group) -> tuple[int, int]:
     return n.output.shape[-2], n.output.shape[-1]
 
 
-def gemm_view(sch: Schedule, block: Block) -> GemmView:
+def _product_sides(block: Block) -> tuple[list[Load], list[Load]]:
+    """The loads of the two factors of the contraction's product ``acc + lhs * rhs``: operands are told
+    apart by side, so ``x @ x^T`` or two slices of one tensor are two operands."""
     own = set(A.writes(block))
-    loads = [
-        ld
-        for st in A.block_stores(block)
-        for ld in walk(st.value)
-        if isinstance(ld, Load) and ld.buffer not in own
-    ]
-    operands: list[Buffer] = []
-    for ld in loads:
-        if ld.buffer not in operands:
-            operands.append(ld.buffer)
-    if len(operands) < 2:
-        raise ScheduleError(f"contraction: block {block.name} does not read two operands")
-    a, b = operands[0], operands[1]
+    for st in A.block_stores(block):
+        value = st.value
+        if isinstance(value, Binary) and value.op == "+":
+            src = value.b if isinstance(value.a, Load) and value.a.buffer in own else value.a
+            while isinstance(src, Binary) and src.op == "*" and not (_loads_of(src.a) and _loads_of(src.b)):
+                src = src.a if _loads_of(src.a) else src.b  # skip constant scale factors
+            if isinstance(src, Binary) and src.op == "*":
+                return _loads_of(src.a), _loads_of(src.b)
+    raise ScheduleError(f"contraction: block {block.name} is not a sum of products of two operands")
+
+
+def _loads_of(e: Expr) -> list[Load]:
+    return [x for x in walk(e) if isinstance(x, Load)]
+
+
+def gemm_view(sch: Schedule, block: Block) -> GemmView:
+    loads_a, loads_b = _product_sides(block)
+    a, b = loads_a[0].buffer, loads_b[0].buffer
     loops = sch.get_loops(block)
     by_var = dict(zip((iv.var for iv in block.iter_vars), zip(block.iter_vars, loops)))
     uses: dict[int, set[str]] = {}
-    for ld in loads:
-        tag = "a" if ld.buffer is a else "b" if ld.buffer is b else None
-        if tag is None:
-            continue
-        for i in ld.indices:
-            for v in free_vars(i):
-                uses.setdefault(v.uid, set()).add(tag)
+    for side, side_loads in (("a", loads_a), ("b", loads_b)):
+        for ld in side_loads:
+            for i in ld.indices:
+                for v in free_vars(i):
+                    uses.setdefault(v.uid, set()).add(side)
     batch, m, n, k = [], [], [], []
     n_dims: list[int] = []
     for pos, (iv, lp) in enumerate(by_var.values()):
@@ -101,9 +106,9 @@ def gemm_view(sch: Schedule, block: Block) -> GemmView:
             n_dims.append(pos)
     n_var = _var_of(block, n[-1]) if n else None
     m_var = _var_of(block, m[-1]) if m else None
-    return GemmView(
-        block, a, b, batch, m, n, k, _plain_axis(loads, b, n_var), _plain_axis(loads, a, m_var), n_dims
-    )
+    b_ndim = _plain_axis(loads_b, b, n_var) if a is not b else None  # one buffer on both sides: no packing
+    a_mdim = _plain_axis(loads_a, a, m_var) if a is not b else None
+    return GemmView(block, a, b, batch, m, n, k, b_ndim, a_mdim, n_dims)
 
 
 def _var_of(block: Block, loop: For) -> Var:
@@ -338,7 +343,7 @@ class ContractionSketch(Sketch):
             sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr, pad_to=nc))
             if view.n_extent % nr:
                 self._pad_lanes(sch, (mm, init))
-        elif config["pack_b"]:
+        elif config["pack_b"] and view.a is not view.b:  # (packing one side would redirect the other)
             at = top[-2] if config["parallel"] == "batch_n" else top[-1]
             pack = self._pack(sch, mm, view.b, view.b_ndim, nr, at)
             if view.b_ndim is not None and view.n_extent % nr and pack.predicate is not None:

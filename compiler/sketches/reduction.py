@@ -72,6 +72,7 @@ class ReductionSketch(Sketch):
                 Knob("unroll", (1,)),
                 Knob("keep", ("recompute",)),
                 Knob("parallel", ("rows", "none")),
+                Knob("div", ("exact",)),
             ]
         lanes = target.vector_lanes_f32
         keep = ("recompute", "buffer") if self._has_shared_expensive(group) else ("recompute",)
@@ -144,6 +145,7 @@ class ReductionSketch(Sketch):
         }
         if not row_form(group):
             config["keep"] = "recompute"
+            config["div"] = "exact"
             return config
         n = row_length(group)
         for v in (16, 8, 4):

@@ -84,7 +84,9 @@ def test_residual_target_starts_from_the_analytic_prior_and_corrects_it():
     x, lat, wl = synthetic(2, 60)
     x[:, EST_INDEX] = np.log2(np.where(np.isfinite(lat), lat, 1.0))  # a perfect prior
     r = residual_labels(x, lat, np.asarray(wl))
-    assert np.allclose(r[np.isfinite(lat)], 0.0, atol=1e-5) and np.allclose(r[~np.isfinite(lat)], 1.0, atol=1e-5)
+    assert np.allclose(r[np.isfinite(lat)], 0.0, atol=1e-5) and np.allclose(
+        r[~np.isfinite(lat)], 1.0, atol=1e-5
+    )
     model = GBDTModel(seed=0)
     np.testing.assert_array_equal(model.predict(x), -x[:, EST_INDEX].astype(np.float64))
     x[:, EST_INDEX] = 0.0  # a useless prior: the trees must learn the whole ranking

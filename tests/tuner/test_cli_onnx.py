@@ -95,13 +95,6 @@ def test_compile_then_run(files, tmp_path):
     run_and_compare(tmp_path / "gpt", files["gpt"], tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="CLI bug (tuner/commands/compile.py run_run): `kiln run DIR --check` reloads the model with "
-    "load_model(meta['model']), the graph name ('mlp'), not the ONNX file, and fails with \"unknown model "
-    "'mlp'\"; the model directory records neither the ONNX path nor the --input-shape values",
-)
 def test_run_check_on_a_compiled_onnx_model(files, tmp_path):
     ok(kiln("compile", "--model", files["mlp"], "-o", str(tmp_path / "mlp")))
     out = ok(kiln("run", str(tmp_path / "mlp"), "--repeats", "3", "--check"))
@@ -129,12 +122,6 @@ def test_tune_then_compile_with_the_database(files, tuned, tmp_path):
     assert "2/2 tasks tuned" in cov  # kiln tune recorded the tasks under the file's stem
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="CLI gap (db/cli.py): `kiln query best|coverage --model` takes the recorded model name only; "
-    "given FILE.onnx it answers 'no tasks recorded' instead of loading the file for its name",
-)
 def test_query_by_onnx_path(files, tuned):
     ok(kiln("query", "coverage", "--model", files["mlp"], "--target", "cpu", "--db", tuned[0]))
 

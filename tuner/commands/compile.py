@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from compiler.errors import KilnError
-from tuner.commands.common import add_model_arg, load_model_arg
+from tuner.commands.common import add_model_arg, load_model_arg, parse_input_shapes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +54,9 @@ def run_compile(args: argparse.Namespace) -> int:
 
         db = TuningDatabase.open(args.db)
     model = kiln_compile(graph, args.target, db=db)
+    # what `kiln run --check` needs to rebuild the reference: the model name or ONNX path and its shapes
+    model.meta["model_source"] = args.model
+    model.meta["input_shapes"] = {k: list(v) for k, v in parse_input_shapes(args.input_shape).items()}
     model.save(args.output)
     tuned = sum(1 for k in model.kernels if k.extra.get("origin") == "record")
     print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
@@ -102,7 +105,9 @@ def run_run(args: argparse.Namespace) -> int:
         from compiler.frontend import load_model
         from compiler.reference import run_reference
 
-        graph = load_model(model.meta["model"])
+        source = model.meta.get("model_source") or model.meta["model"]
+        shapes = {k: tuple(v) for k, v in (model.meta.get("input_shapes") or {}).items()}
+        graph = load_model(source, shapes or None)
         refs = run_reference(graph, inputs)
         worst = max(float(np.abs(o - r).max() / max(1.0, np.abs(r).max())) for o, r in zip(outputs, refs))
         print(f"  max |err| / max |ref| vs the numpy reference: {worst:.2e}")

@@ -99,13 +99,6 @@ def compiled_model(graph: Graph) -> Any:
     return _compiled[key]
 
 
-def compile_bug(reason: str) -> pytest.MarkDecorator:
-    """xfail (strict) for a known compiler bug that raises ScheduleError when the graph is compiled."""
-    from compiler.errors import ScheduleError
-
-    return pytest.mark.xfail(COMPILE, reason=f"compiler bug: {reason}", raises=ScheduleError, strict=True)
-
-
 def kiln_outputs(
     graph: Graph, inputs: Sequence[np.ndarray], compiled: bool | None = None
 ) -> Iterator[tuple[str, list[np.ndarray]]]:

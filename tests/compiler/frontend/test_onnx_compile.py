@@ -1,6 +1,6 @@
-"""Imported ONNX models through the whole compiler: the smallest models that show the compiler bugs the
-ONNX tests found (strict xfails naming them: when one is fixed, remove its mark here and the marks that
-point here from test_onnx_ops.py and test_onnx_torch.py), and a compiled model's save/load round trip."""
+"""Imported ONNX models through the whole compiler: the smallest models that showed the compiler bugs the
+ONNX tests found (operands that are one tensor or slices of one tensor, reductions over outer axes), and a
+compiled model's save/load round trip."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from tests.compiler.frontend.onnx_util import (
     F32,
     assert_close,
     check_model,
-    compile_bug,
     compiled_model,
     helper,
     init,
@@ -22,19 +21,7 @@ from tests.compiler.frontend.onnx_util import (
     tinfo,
 )
 
-SAME_TENSOR_OPERANDS = compile_bug(
-    "compiler/sketches/contraction.py gemm_view tells the operands apart by buffer, so a batch_matmul "
-    "whose operands are one tensor, or views (slices) of one tensor inlined into the block, raises "
-    "'contraction: block ... does not read two operands'"
-)
-NON_ROW_REDUCTION = compile_bug(
-    "compiler/sketches/reduction.py: for a reduction that is not over the innermost axes, default() "
-    "returns a 'div' knob that space() does not offer, so build() raises 'config knobs do not match the "
-    "space (unknown: ['div'])'"
-)
 
-
-@SAME_TENSOR_OPERANDS
 def test_batch_matmul_of_two_slices_of_one_tensor():
     """q and k split from one fused projection (what torch exports for a qkv Linear + chunk/split)."""
     m = make_model(
@@ -50,12 +37,10 @@ def test_batch_matmul_of_two_slices_of_one_tensor():
     check_model(m, compiled=True)
 
 
-@SAME_TENSOR_OPERANDS
 def test_batch_matmul_of_a_tensor_with_itself():
     check_model(single_op("MatMul", [("x", [2, 6, 6], F32)], extra_inputs=["x"]), compiled=True)
 
 
-@NON_ROW_REDUCTION
 def test_reduce_sum_over_the_outer_axis():
     m = single_op(
         "ReduceSum",
@@ -67,7 +52,6 @@ def test_reduce_sum_over_the_outer_axis():
     check_model(m, compiled=True)
 
 
-@NON_ROW_REDUCTION
 def test_softmax_over_a_middle_axis():
     check_model(single_op("Softmax", [("x", [2, 5, 7], F32)], axis=1), compiled=True)
 

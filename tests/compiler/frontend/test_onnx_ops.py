@@ -12,7 +12,6 @@ from tests.compiler.frontend.onnx_util import (
     NEWEST,
     TensorProto,
     check_model,
-    compile_bug,
     helper,
     init,
     make_model,
@@ -21,11 +20,6 @@ from tests.compiler.frontend.onnx_util import (
 )
 
 rng = np.random.default_rng(7)
-# reductions over axes other than the innermost ones (the reduction sketch's non-row form)
-NON_ROW_REDUCTION = compile_bug(
-    "the CPU reduction sketch's default config has a 'div' knob its non-row-form space lacks "
-    "('config knobs do not match the space (unknown: [div])'); see test_onnx_compile.py"
-)
 I64, BOOL = TensorProto.INT64, TensorProto.BOOL
 
 
@@ -330,7 +324,7 @@ def test_global_pool(op, shape):
 
 # ----------------------------------------------------- softmax and normalization
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("axis", [-1, pytest.param(1, marks=NON_ROW_REDUCTION)])
+@pytest.mark.parametrize("axis", [-1, 1])
 def test_softmax(op, axis):
     check_model(single_op(op, [("x", [2, 5, 7], F32)], axis=axis))
 
@@ -372,8 +366,8 @@ REDUCERS = [
 @pytest.mark.parametrize(
     "axes,keepdims",
     [
-        pytest.param([1], 1, marks=NON_ROW_REDUCTION),
-        pytest.param([0, 2], 0, marks=NON_ROW_REDUCTION),
+        ([1], 1),
+        ([0, 2], 0),
         ([-1], 0),
         (None, 1),
     ],

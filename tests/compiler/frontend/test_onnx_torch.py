@@ -20,7 +20,6 @@ from compiler.passes import optimize  # noqa: E402
 from compiler.reference import run_reference  # noqa: E402
 from tests.compiler.frontend.onnx_util import (  # noqa: E402
     check_model,
-    compile_bug,
     compiled_model,
     onnx,
 )
@@ -145,7 +144,6 @@ def convnet() -> nn.Module:
     )
 
 
-QKV_FUSED = {"encoder", "gpt_sdpa", "gpt2_masked"}
 MODULES = {
     "mlp": (lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), (4, 16), {"linear"}),
     "convnet": (convnet, (2, 3, 16, 16), {"conv2d", "hard_swish", "max_pool2d", "linear"}),
@@ -184,17 +182,7 @@ def test_torch_export(name, opset):
     assert abs(got - want).max() <= 1e-4 * max(1.0, abs(want).max())
 
 
-# the modules whose q, k (and v) come out of one fused projection: batch_matmul then reads two slices of
-# the same tensor, which the CPU contraction sketch cannot schedule (see test_onnx_compile.py)
-QKV_BUG = compile_bug(
-    "the CPU contraction sketch raises 'block ... does not read two operands' when both batch_matmul "
-    "operands are views of one tensor (torch's fused qkv Linear + split/chunk)"
-)
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=QKV_BUG) if n in QKV_FUSED else n for n in sorted(MODULES)]
-)
+@pytest.mark.parametrize("name", sorted(MODULES))
 def test_torch_export_compiled(name):
     """The exported module compiled for the CPU (default schedules) against onnxruntime and torch."""
     module, x, model = exported(name, 17)

@@ -154,7 +154,11 @@ def test_matmul(m, n, k, ta, tb, epilogue, weight, data):
     a = b.input("a", (k, m) if ta else (m, k))
     wshape = (n, k) if tb else (k, n)
     # a constant weight can be pre-packed at compile time (pack_b=2), a runtime input cannot
-    w = b.param("w", np.linspace(-1, 1, n * k, dtype=np.float32).reshape(wshape)) if weight else b.input("w", wshape)
+    w = (
+        b.param("w", np.linspace(-1, 1, n * k, dtype=np.float32).reshape(wshape))
+        if weight
+        else b.input("w", wshape)
+    )
     y = b.matmul(a, w, transpose_a=ta, transpose_b=tb)
     if epilogue.startswith("bias"):
         y = b.add(y, b.param("bias", np.linspace(-1, 1, n, dtype=np.float32)))
