@@ -59,12 +59,18 @@ class TaskData:
 
 def task_data(task: Any, seed: int = 0) -> TaskData:
     """Random inputs (seeded by the workload key and ``seed``) and the reference outputs of ``task``."""
+    from threadpoolctl import threadpool_limits
+
     from compiler.reference import random_inputs, run_reference
 
     graph = task.group.subgraph
     task_seed = (int(task.workload_key[:12], 16) ^ seed) & 0x7FFFFFFF
     inputs = [np.ascontiguousarray(a) for a in random_inputs(graph, task_seed)]
-    refs = [np.ascontiguousarray(r) for r in run_reference(graph, inputs)]
+    # One BLAS/OpenMP thread for the reference: a multi-threaded BLAS keeps its threads spinning for about
+    # 0.1 s after a call, and the first candidate timed right after it (the default config, always first)
+    # shared the cores with them and was measured up to 50x slow, so tuning "beat" a default it never saw.
+    with threadpool_limits(limits=1):
+        refs = [np.ascontiguousarray(r) for r in run_reference(graph, inputs)]
     names = [v.name or f"in{k}" for k, v in enumerate(graph.inputs)]
     out_names = [v.name or f"out{k}" for k, v in enumerate(task.group.outputs)]
     return TaskData(task.workload_key, inputs, refs, names, out_names, task_seed)

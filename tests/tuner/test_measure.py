@@ -183,3 +183,28 @@ def test_gcc_errors_are_attributed_to_their_kernels():
     assert set(blamed) == {3, 7} and "'bad'" in blamed[3] and "'worse'" not in blamed[3]
     prelude = "gcc failed:\nkernel.c:1:1: error: junk"
     assert _blame(source, prelude, {"cand3": 3, "cand7": 7}) == {}
+
+
+def test_reference_runs_with_one_blas_thread(monkeypatch):
+    """The numpy reference of a task is computed with one BLAS/OpenMP thread, so no BLAS thread is left
+    spinning on the cores while the first candidate (the default config) is timed."""
+    import threadpoolctl
+
+    import compiler.reference as reference
+    from compiler.frontend.models import get_model
+    from compiler.target import Target
+    from tuner.measure_run import task_data
+    from tuner.task import extract_tasks
+
+    seen: list[int] = []
+    real = reference.run_reference
+
+    def spy(graph, inputs):
+        seen.extend(p["num_threads"] for p in threadpoolctl.threadpool_info())
+        return real(graph, inputs)
+
+    monkeypatch.setattr(reference, "run_reference", spy)
+    task = extract_tasks(get_model("matmul"), Target.parse("cpu"))[0]
+    data = task_data(task)
+    assert seen and set(seen) == {1}, seen  # every thread pool numpy and scikit-learn loaded: one thread
+    assert data.refs[0].shape == tuple(task.group.outputs[0].type.shape)
