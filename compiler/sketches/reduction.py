@@ -17,6 +17,7 @@ from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import Call, walk
+from compiler.loopir.lower import REDUCE_TREE
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
 from compiler.sketches.base import PARALLEL_MIN_WORK, Config, Knob, Sketch
@@ -273,8 +274,10 @@ class ReductionSketch(Sketch):
         if wb_loops and wb_loops[-1].extent == acc * v:
             sch.decompose_reduction(wb, wb_loops[-1])
             # a fully unrolled horizontal reduction leaves only constant indices into the partials,
-            # so the codegen keeps the accumulators in vector registers
+            # so the codegen keeps the accumulators in vector registers; as a balanced tree, its
+            # latency is log2(accum x vector) operations instead of accum x vector
             sch.unroll(wb_loops[-1])
+            wb_loops[-1].annotations[REDUCE_TREE] = True
 
     @staticmethod
     def _drives_reduce(b: Block, lp: For) -> bool:

@@ -193,6 +193,36 @@ def test_rfactor_and_decompose_reduction():
     assert_matches(sch, g)
 
 
+@pytest.mark.parametrize("extent", [8, 7])
+def test_reduce_tree_unrolls_a_horizontal_reduction_into_a_balanced_tree(extent):
+    """The write-back of an rfactor, unrolled with the REDUCE_TREE annotation, becomes one store of a
+    balanced tree (depth ceil(log2(n)) instead of a chain of n) and still computes the reference."""
+    from compiler.loopir.expr import Binary, Load
+    from compiler.loopir.lower import REDUCE_TREE
+    from compiler.loopir.stmt import BufferStore
+
+    g = softmax_graph(3, 8 * extent)
+    sch = schedule_of(g)
+    for name in ("reduce_max", "reduce_sum"):
+        b = sch.get_block(name)
+        _ko, ki = sch.split(sch.get_loops(b)[-1], [None, extent])
+        sch.rfactor(ki)
+        wb = sch.get_block(name)
+        sch.decompose_reduction(wb, sch.get_loops(wb)[-1])
+        sch.unroll(sch.get_loops(wb)[-1])
+        sch.get_loops(wb)[-1].annotations[REDUCE_TREE] = True
+    assert_matches(sch, g)
+    low = lower_func(sch.func)
+    assert not any(isinstance(s, For) and s.annotations.get(REDUCE_TREE) for s in walk_stmts(low.body))
+
+    def depth(e):
+        return 1 + max(depth(e.a), depth(e.b)) if isinstance(e, Binary) and e.op in ("+", "max") else 0
+
+    stores = [s for s in walk_stmts(low.body) if isinstance(s, BufferStore) and s.buffer.name == "reduce_sum"]
+    tree = next(s.value.b for s in stores if isinstance(s.value, Binary) and isinstance(s.value.a, Load))
+    assert depth(tree) == int(np.ceil(np.log2(extent)))
+
+
 def test_interpreter_catches_out_of_bounds():
     from compiler.loopir.interp import InterpError
 
