@@ -10,16 +10,9 @@ from compiler.loopir.stmt import PrimFunc
 from compiler.reference import run_reference
 from compiler.sketches import sketch_for
 from compiler.target import Target
+from tests.compiler.property_graphs import inputs_for
 
 CUDA = Target.cuda()
-
-
-def inputs_for(group: Group, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [
-        rng.standard_normal(v.shape).astype(v.dtype) if v.dtype != "bool" else rng.random(v.shape) < 0.5
-        for v in group.subgraph.inputs
-    ]
 
 
 def lowered(group: Group, config: dict | None = None) -> PrimFunc:

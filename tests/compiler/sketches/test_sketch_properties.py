@@ -10,15 +10,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.builder import GraphBuilder
-from compiler.errors import ScheduleError
 from compiler.fusion import fuse
 from compiler.graph import Graph
+from compiler.layouts import apply_input_layouts
 from compiler.loopir import evaluate, lower_func
 from compiler.passes import optimize
 from compiler.reference import run_reference
 from compiler.sketches import sketch_for
 from compiler.target import Target
+from tests.compiler.property_graphs import (
+    EPILOGUES,
+    REDUCERS,
+    UNARY,
+    batch_matmul_graph,
+    conv_graph,
+    inputs_for,
+    legal_configs,
+    matmul_graph,
+    pointwise_graph,
+    pooling_graph,
+    reduction_graph,
+)
 
 CPU = Target.host()
 SETTINGS = settings(
@@ -29,31 +41,12 @@ SETTINGS = settings(
 
 
 def check_all_groups(graph: Graph, data: st.DataObject, kind: str) -> None:
-    g = optimize(graph)
-    seen = 0
-    for group in fuse(g).groups:
-        if group.kind != kind or group.is_view:
-            continue
-        seen += 1
-        sketch = sketch_for(group)
-        space = sketch.space(group, CPU)
-        config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in space}
-        try:
-            sketch.check(group, config, CPU)
-        except ScheduleError:
-            continue  # rejected up front: allowed
+    for group, sketch, config in legal_configs(graph, data, kind, CPU):
         sch = sketch.build(group, config, CPU)  # must not fail for a config that passed check
         func = lower_func(sch.func)
-        sub = group.subgraph
-        rng = np.random.default_rng(0)
-        ins = [
-            rng.standard_normal(v.shape).astype(v.dtype) if v.dtype != "bool" else rng.random(v.shape) < 0.5
-            for v in sub.inputs
-        ]
-        from compiler.layouts import apply_input_layouts
-
+        ins = inputs_for(group)
         outs = evaluate(func, apply_input_layouts(func.attrs, ins))
-        refs = run_reference(sub, ins)
+        refs = run_reference(group.subgraph, ins)
         for o, r in zip(outs, refs):
             o64, r64 = o.astype(np.float64), r.astype(np.float64)
             finite = np.isfinite(r64)
@@ -62,10 +55,6 @@ def check_all_groups(graph: Graph, data: st.DataObject, kind: str) -> None:
             scale = max(1.0, float(np.abs(r64[finite]).max(initial=0.0)))
             err = float(np.abs(o64[finite] - r64[finite]).max(initial=0.0))
             assert err <= 2e-5 * scale, f"{sketch.name} {config}: max err {err}\n{sch.show_trace()}"
-    assert seen, f"no {kind} group in the test graph"
-
-
-UNARY = ["exp", "tanh", "relu", "sigmoid", "erf", "neg"]
 
 
 @SETTINGS
@@ -78,14 +67,7 @@ UNARY = ["exp", "tanh", "relu", "sigmoid", "erf", "neg"]
     data=st.data(),
 )
 def test_pointwise(rows, cols, ops, bias, three_d, data):
-    b = GraphBuilder("pw")
-    shape = (2, rows, cols) if three_d else (rows, cols)
-    x = b.input("x", shape)
-    y = b.add(x, b.param("b", np.linspace(-1, 1, cols, dtype=np.float32))) if bias else x
-    for op in ops:
-        y = b.apply(op, y)
-    y = b.where(b.greater(y, 0.25), y, b.multiply(y, 2.0))
-    check_all_groups(b.build([y]), data, "pointwise")
+    check_all_groups(pointwise_graph(rows, cols, ops, bias, three_d), data, "pointwise")
 
 
 @SETTINGS
@@ -99,18 +81,7 @@ def test_pointwise(rows, cols, ops, bias, three_d, data):
     data=st.data(),
 )
 def test_pooling(hw, k, s, pad, avg, incl, data):
-    pad = min(pad, k - 1)
-    b = GraphBuilder("pool")
-    x = b.input("x", (1, 2, hw, hw + 1))
-    y = (
-        b.avg_pool2d(x, (k, k), (s, s), (pad, pad), count_include_pad=incl)
-        if avg
-        else b.max_pool2d(x, (k, k), (s, s), (pad, pad))
-    )
-    check_all_groups(b.build([b.relu(y)]), data, "pointwise")
-
-
-REDUCERS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "reduce_sum", "reduce_mean", "reduce_max"]
+    check_all_groups(pooling_graph(hw, k, s, pad, avg, incl), data, "pointwise")
 
 
 @SETTINGS
@@ -123,19 +94,7 @@ REDUCERS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "reduce_sum", "r
     data=st.data(),
 )
 def test_reduction(op, rows, cols, lead, axis0, data):
-    b = GraphBuilder("red")
-    shape = (2, rows, cols) if lead else (rows, cols)
-    x = b.input("x", shape)
-    w = b.param("w", np.linspace(0.5, 1.5, cols, dtype=np.float32))
-    if op == "layer_norm":
-        y = b.layer_norm(x, w, b.param("bb", np.linspace(-1, 1, cols, dtype=np.float32)))
-    elif op == "rms_norm":
-        y = b.rms_norm(x, w)
-    elif op in ("softmax", "log_softmax"):
-        y = b.apply(op, x, axis=-1)
-    else:  # plain reductions, over the last axis or (non-row form) over the first
-        y = b.apply(op, x, axes=[0] if axis0 else [-1], keepdims=not axis0)
-    check_all_groups(b.build([y]), data, "reduction")
+    check_all_groups(reduction_graph(op, rows, cols, lead, axis0), data, "reduction")
 
 
 @SETTINGS
@@ -145,28 +104,13 @@ def test_reduction(op, rows, cols, lead, axis0, data):
     k=st.integers(1, 9),
     ta=st.booleans(),
     tb=st.booleans(),
-    epilogue=st.sampled_from(["none", "bias", "bias_relu", "residual"]),
+    epilogue=st.sampled_from(EPILOGUES),
     weight=st.booleans(),
     data=st.data(),
 )
 def test_matmul(m, n, k, ta, tb, epilogue, weight, data):
-    b = GraphBuilder("mm")
-    a = b.input("a", (k, m) if ta else (m, k))
-    wshape = (n, k) if tb else (k, n)
     # a constant weight can be pre-packed at compile time (pack_b=2), a runtime input cannot
-    w = (
-        b.param("w", np.linspace(-1, 1, n * k, dtype=np.float32).reshape(wshape))
-        if weight
-        else b.input("w", wshape)
-    )
-    y = b.matmul(a, w, transpose_a=ta, transpose_b=tb)
-    if epilogue.startswith("bias"):
-        y = b.add(y, b.param("bias", np.linspace(-1, 1, n, dtype=np.float32)))
-    if epilogue == "bias_relu":
-        y = b.relu(y)
-    if epilogue == "residual":
-        y = b.add(y, b.input("r", (m, n)))
-    check_all_groups(b.build([y]), data, "contraction")
+    check_all_groups(matmul_graph(m, n, k, ta, tb, epilogue, weight), data, "contraction")
 
 
 @SETTINGS
@@ -180,11 +124,7 @@ def test_matmul(m, n, k, ta, tb, epilogue, weight, data):
     data=st.data(),
 )
 def test_batch_matmul(batch, m, n, k, tb, bcast, data):
-    b = GraphBuilder("bmm")
-    a = b.input("a", (*batch, m, k))
-    wb = (1,) * len(batch) if bcast else batch
-    w = b.input("w", (*wb, n, k) if tb else (*wb, k, n))
-    check_all_groups(b.build([b.multiply(b.batch_matmul(a, w, transpose_b=tb), 0.5)]), data, "contraction")
+    check_all_groups(batch_matmul_graph(batch, m, n, k, tb, bcast), data, "contraction")
 
 
 @SETTINGS
@@ -200,15 +140,7 @@ def test_batch_matmul(batch, m, n, k, tb, bcast, data):
     data=st.data(),
 )
 def test_conv2d(c, o, hw, k, s, pad, dil, groups, data):
-    c = c * groups
-    if dil * (k - 1) + 1 > hw + 2 * pad:
-        dil = 1
-    b = GraphBuilder("conv")
-    x = b.input("x", (1, c, hw, hw))
-    w = b.param("w", np.random.default_rng(1).standard_normal((o, c // groups, k, k)).astype(np.float32))
-    y = b.conv2d(x, w, strides=(s, s), padding=(pad, pad), dilation=(dil, dil), groups=groups)
-    y = b.relu(b.add(y, b.param("bias", np.ones((o, 1, 1), np.float32))))
-    check_all_groups(b.build([y]), data, "contraction")
+    check_all_groups(conv_graph(c, o, hw, k, s, pad, groups, dil), data, "contraction")
 
 
 @pytest.mark.parametrize("kind", ["pointwise", "reduction", "contraction"])
