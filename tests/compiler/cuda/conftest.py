@@ -31,17 +31,6 @@ CUDA = Target.cuda()
 SAMPLES = int(os.environ.get("KILN_NVCC_SAMPLES", "2"))  # legal non-default configs per unique group
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _kernel_cache(tmp_path_factory: pytest.TempPathFactory):
-    old = os.environ.get("KILN_CACHE_DIR")
-    os.environ["KILN_CACHE_DIR"] = str(tmp_path_factory.mktemp("kiln-cache"))
-    yield
-    if old is None:
-        os.environ.pop("KILN_CACHE_DIR", None)
-    else:
-        os.environ["KILN_CACHE_DIR"] = old
-
-
 def need_nvcc() -> None:
     if not nvcc_available():
         pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")

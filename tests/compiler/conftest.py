@@ -1,3 +1,5 @@
+"""Every compiler test builds kernels into one throwaway cache for the whole session."""
+
 from __future__ import annotations
 
 import os
