@@ -87,31 +87,10 @@ def torch_runners(graph, inputs: list[np.ndarray]) -> dict[str, Callable[[], obj
         import torch
     except ImportError:
         return {}
-    from scripts.torch_peer import graph_to_torch
+    from scripts.torch_peer import eager_and_compiled, graph_to_torch
 
     torch.set_num_threads(THREADS)
-    fn = graph_to_torch(graph)
-    args = [torch.from_numpy(x) for x in inputs]
-    out: dict[str, Callable[[], object]] = {}
-
-    def eager():
-        with torch.no_grad():
-            return fn(*args)
-
-    out["torch eager"] = eager
-    try:
-        compiled = torch.compile(fn)
-        with torch.no_grad():
-            compiled(*args)
-
-        def comp():
-            with torch.no_grad():
-                return compiled(*args)
-
-        out["torch.compile"] = comp
-    except Exception as exc:  # torch.compile needs a working C++ toolchain; report, don't fail
-        print(f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:120]}")
-    return out
+    return eager_and_compiled(graph_to_torch(graph), [torch.from_numpy(x) for x in inputs], graph.name)
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:

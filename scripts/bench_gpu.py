@@ -151,35 +151,14 @@ def cublas_tflops(n: int = 4096, iters: int = 20) -> float:
 def torch_contenders(graph, inputs: dict[str, np.ndarray], compile_mode: str | None) -> dict[str, Callable]:
     import torch
 
-    from scripts.torch_peer import graph_to_torch
+    from scripts.torch_peer import eager_and_compiled, graph_to_torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     flat = params_as_inputs(graph)
-    fn = graph_to_torch(flat)
     args = [torch.from_numpy(np.ascontiguousarray(inputs[v.name])).cuda() for v in graph.inputs]
     args += [torch.from_numpy(np.ascontiguousarray(p.data)).cuda() for p in graph.params]
-    out: dict[str, Callable] = {}
-
-    def eager():
-        with torch.no_grad():
-            return fn(*args)
-
-    out["torch eager"] = eager
-    if compile_mode is not None:
-        try:
-            compiled = torch.compile(fn, mode=None if compile_mode == "default" else compile_mode)
-            with torch.no_grad():
-                compiled(*args)
-
-            def comp():
-                with torch.no_grad():
-                    return compiled(*args)
-
-            out["torch.compile"] = comp
-        except Exception as exc:
-            print(f"  torch.compile failed on {graph.name}: {type(exc).__name__}: {str(exc)[:160]}")
-    return out
+    return eager_and_compiled(graph_to_torch(flat), args, graph.name, compile_mode)
 
 
 def as_numpy(x) -> list[np.ndarray]:

@@ -4,8 +4,37 @@ own fused ops (softmax, layer_norm, gelu, linear), so torch is measured at its b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
+
+
+def eager_and_compiled(fn, args, label: str, compile_mode: str | None = "default") -> dict[str, Callable]:
+    """``fn(*args)`` without autograd as the "torch eager" contender and, unless ``compile_mode`` is None,
+    ``torch.compile(fn)`` (warmed up) as "torch.compile". torch.compile needs a working C++ toolchain: a
+    failure is printed with ``label`` and that contender left out, never raised."""
+    import torch
+
+    def eager():
+        with torch.no_grad():
+            return fn(*args)
+
+    out: dict[str, Callable] = {"torch eager": eager}
+    if compile_mode is None:
+        return out
+    try:
+        compiled = torch.compile(fn, mode=None if compile_mode == "default" else compile_mode)
+        with torch.no_grad():
+            compiled(*args)
+
+        def comp():
+            with torch.no_grad():
+                return compiled(*args)
+
+        out["torch.compile"] = comp
+    except Exception as exc:
+        print(f"  torch.compile failed on {label}: {type(exc).__name__}: {str(exc)[:160]}")
+    return out
 
 
 def graph_to_torch(graph):
