@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     qsub.required = True
 
     p = qsub.add_parser("workloads", parents=[formatted], help="list workloads and their record counts")
-    p.add_argument("--model", metavar="NAME", help="only the tasks of this model")
+    p.add_argument("--model", metavar="NAME", type=_model_name, help="only the tasks of this model")
     p.set_defaults(handler=_query_workloads)
 
     p = qsub.add_parser("targets", parents=[formatted], help="list targets")
@@ -62,7 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="best record per task of a model (or of one workload) on a target",
     )
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", metavar="NAME", help="every task of this model (recorded by kiln tune)")
+    which.add_argument(
+        "--model", metavar="NAME", type=_model_name, help="every task of this model (recorded by kiln tune)"
+    )
     which.add_argument("--workload", metavar="KEY", help="one workload (full key or unique prefix)")
     p.add_argument("--target", metavar="T", required=True, help="target key or unique prefix (cpu, cuda)")
     p.set_defaults(handler=_query_best)
@@ -80,12 +82,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_query_records)
 
     p = qsub.add_parser("coverage", parents=[formatted], help="which tasks of a model are tuned on a target")
-    p.add_argument("--model", metavar="NAME", required=True)
+    p.add_argument("--model", metavar="NAME", type=_model_name, required=True)
     p.add_argument("--target", metavar="T", required=True, help="target key or unique prefix (cpu, cuda)")
     p.set_defaults(handler=_query_coverage)
 
     p = qsub.add_parser("runs", parents=[formatted], help="list tuning runs")
-    p.add_argument("--model", metavar="NAME", help="only runs of this model")
+    p.add_argument("--model", metavar="NAME", type=_model_name, help="only runs of this model")
     p.set_defaults(handler=_query_runs)
 
     dbp = subparsers.add_parser(
@@ -141,6 +143,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _model_name(value: str) -> str:
+    """A model as recorded by ``kiln tune``: a built-in name, or for ``FILE.onnx`` the name the importer
+    gives the graph (the file's stem)."""
+    if not value.endswith(".onnx"):
+        return value
+    from pathlib import Path
+
+    from compiler.frontend.onnx_common import sanitize
+
+    return sanitize(Path(value).stem, "onnx_model")
+
+
 @contextlib.contextmanager
 def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[TuningDatabase]:
     from db.database import TuningDatabase
@@ -148,12 +162,6 @@ def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[Tunin
     def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
         print(f"kiln: warning: {message}", file=sys.stderr)
 
-    if getattr(args, "model", None) and str(args.model).endswith(".onnx"):
-        from pathlib import Path
-
-        from compiler.frontend.onnx_common import sanitize
-
-        args.model = sanitize(Path(args.model).stem, "onnx_model")  # the importer names graphs after the file
     with warnings.catch_warnings():
         warnings.showwarning = show
         with TuningDatabase.open(args.db, create=create) as db:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -127,7 +125,7 @@ def test_gpu_launch_features():
     assert f(cpu, cpu.default(), "gpu_log_threads") == 0.0
 
 
-def test_extraction_is_fast_and_memoized():
+def test_extraction_is_memoized():
     task = _matmul(256, 256, 256, target=CPU)
     fx = FeatureExtractor()
     configs = []
@@ -139,13 +137,7 @@ def test_extraction_is_fast_and_memoized():
             except Exception:
                 continue
             configs.append(c)
-    t0 = time.perf_counter()
-    for c in configs:
-        fx.for_task(task, c)
-    per = (time.perf_counter() - t0) / len(configs)
-    assert per < 0.1  # schedule + lower + features: ~5-15 ms here, generous for a loaded machine
-    t0 = time.perf_counter()
-    for c in configs:
-        fx.for_task(task, c)
-    assert (time.perf_counter() - t0) / len(configs) < 0.005
+    first = [fx.for_task(task, c) for c in configs]
+    again = [fx.for_task(task, c) for c in configs]
     assert fx.hits == len(configs) and fx.misses == len(configs)
+    assert all(a is b for a, b in zip(first, again))  # the memo returns what it computed, not a recomputation
