@@ -117,3 +117,14 @@ def test_batch_matmul(batch, m, n, k, tb, bcast, data):
 )
 def test_conv2d(c, o, hw, k, s, pad, groups, data):
     check_all_groups(conv_graph(c, o, hw, k, s, pad, groups), data, "contraction")
+
+
+@SETTINGS
+@given(m=st.integers(1, 24), k=st.integers(1, 12), data=st.data())
+def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
+    """Both operands are one buffer (x @ x^T): operands are told apart by their side of the product."""
+    from compiler.builder import GraphBuilder
+
+    b = GraphBuilder("gram")
+    x = b.input("x", (m, k))
+    check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")

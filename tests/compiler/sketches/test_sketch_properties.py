@@ -143,6 +143,17 @@ def test_conv2d(c, o, hw, k, s, pad, dil, groups, data):
     check_all_groups(conv_graph(c, o, hw, k, s, pad, groups, dil), data, "contraction")
 
 
+@SETTINGS
+@given(m=st.integers(1, 16), k=st.integers(1, 9), data=st.data())
+def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
+    """Both operands are one buffer (x @ x^T): told apart by their side of the product, never packed."""
+    from compiler.builder import GraphBuilder
+
+    b = GraphBuilder("gram")
+    x = b.input("x", (m, k))
+    check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
+
+
 @pytest.mark.parametrize("kind", ["pointwise", "reduction", "contraction"])
 def test_defaults_pass_their_own_check(kind):
     from compiler.frontend.models import MODELS
