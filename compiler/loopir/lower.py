@@ -15,15 +15,20 @@ from dataclasses import dataclass
 
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import (
+    Binary,
     Const,
     Expr,
     Load,
     Var,
+    combine,
     const,
+    free_vars,
     logical_and,
     replace_buffer_loads,
+    structural_equal,
     substitute,
     transform,
+    walk,
 )
 from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import (
@@ -213,8 +218,6 @@ def _conjuncts(e: Expr) -> list[Expr]:
 def _hoist_ifs(s: Stmt) -> Stmt:
     """Move guard conjuncts that do not depend on a loop's variable out of that loop:
     ``for i { if (a && b(i)) S }`` -> ``if (a) for i { if (b(i)) S }`` (innermost loops first)."""
-    from compiler.loopir.expr import free_vars
-
     if isinstance(s, SeqStmt):
         return seq(*(_hoist_ifs(x) for x in s.stmts))
     if isinstance(s, Allocate):
@@ -264,8 +267,6 @@ def _tree_reduction(loop: For, body: Stmt) -> Stmt | None:
     tree of its terms: the chain of ``n`` dependent operations becomes ``log2(n)`` levels (a horizontal
     reduction of 4 vector accumulators x 16 lanes: 6 instead of 64). None when the loop is not of that form.
     Floating-point sums are reassociated, as any parallel or vectorized reduction is."""
-    from compiler.loopir.expr import Binary, combine, free_vars, structural_equal, walk
-
     if not isinstance(body, BufferStore) or loop.extent > TREE_MAX_TERMS:
         return None
     v = body.value
@@ -289,8 +290,6 @@ def _tree_reduction(loop: For, body: Stmt) -> Stmt | None:
 
 
 def _size(s: Stmt) -> int:
-    from compiler.loopir.stmt import walk_stmts
-
     return sum(1 for _ in walk_stmts(s))
 
 
