@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.backends.registry import Config, get_sketch, sketch_for
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import FusedGraph, FusionPlan, Group, fuse
 from compiler.graph import Graph, Value
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.passes import optimize
-from compiler.sketches import Config, get_sketch, sketch_for
 from compiler.target import Target
 
 log = logging.getLogger("kiln.build")

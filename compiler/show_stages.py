@@ -53,9 +53,9 @@ def _loopir(graph, args) -> str:
 def _code(graph, args) -> str:
     kernels, plan = _kernels(graph, args)
     if plan.target.kind == "cuda":
-        from compiler.codegen.cuda import generate_cuda
+        from compiler.backends.cuda.codegen import generate_cuda
 
         return generate_cuda([k.func for k in kernels], plan.target)
-    from compiler.codegen.c import generate_c
+    from compiler.backends.cpu.codegen import generate_c
 
     return generate_c([k.func for k in kernels], plan.target)

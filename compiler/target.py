@@ -102,7 +102,7 @@ class Target:
             return Target.host()
         assert spec is not None
         if spec == "cuda":
-            from compiler.runtime.cuda_device import current_cuda_target
+            from compiler.backends.cuda.device import current_cuda_target
 
             return current_cuda_target()
         parts = spec.split("/")

@@ -108,7 +108,7 @@ def load_dataset(
     """Every usable record of ``target_key`` (of ``workloads`` if given) with its features; see the module
     docstring. ``records`` skips the database query; ``cache=False`` neither reads nor writes cached
     features."""
-    from compiler.sketches import get_sketch
+    from compiler.backends.registry import get_sketch
 
     extractor = extractor or FeatureExtractor()
     groups = groups or GroupCache(db)

@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from compiler.backends.registry import Config, get_sketch, sketch_for
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
-from compiler.sketches import Config, get_sketch, sketch_for
 from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row

@@ -219,9 +219,9 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="build Kiln models and torch graphs, time nothing")
     args = ap.parse_args()
 
+    from compiler.backends.cuda.device import current_cuda_target, why_unavailable
     from compiler.build import compile as kiln_compile
     from compiler.reference import random_inputs
-    from compiler.runtime.cuda_device import current_cuda_target, why_unavailable
 
     graphs = workloads(args.models)
     reason = why_unavailable()

@@ -19,8 +19,8 @@ import time
 import numpy as np
 from scipy import special
 
-from compiler.codegen.kiln_math import MATH_FUNCS, full_prelude
-from compiler.runtime import cbuild
+from compiler.backends.cpu import gcc as cbuild
+from compiler.backends.cpu.kiln_math import MATH_FUNCS, full_prelude
 
 REFS = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": special.expit, "erf": special.erf}
 
@@ -127,7 +127,7 @@ def build_latency() -> None:
         "void k_{tag}(const float* restrict x, float* restrict y) {{\n"
         "  for (int i = 0; i < 1024; ++i) y[i] = x[i] * 2;\n}}\n"
     )
-    from compiler.codegen.c import generate_c
+    from compiler.backends.cpu.codegen import generate_c
     from compiler.loopir.expr import Load, Var, call
     from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc
 

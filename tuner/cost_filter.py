@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from compiler.backends.registry import Config
 from compiler.errors import KilnError, ScheduleError
-from compiler.sketches import Config
 from compiler.target import Target
 from cost_model.dataset import GroupCache, load_dataset, record_latency
 from cost_model.features import FEATURE_VERSION, FeatureExtractor

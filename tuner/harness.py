@@ -3,7 +3,7 @@
 Timing in C keeps the ctypes call overhead (about a microsecond) out of small kernels. The harness calls
 the kernel through a function pointer (every kernel argument is a pointer, so a kernel with ``n``
 arguments is called as ``void (*)(void*, ..., void*)``), so one harness serves every generated library.
-It is built once with the kernel flags and cached on disk like any kernel (``compiler.runtime.cbuild``).
+It is built once with the kernel flags and cached on disk like any kernel (``compiler.backends.cpu.gcc``).
 
 Exported functions:
 
@@ -98,6 +98,6 @@ int kiln_harness_time(void* fn, int nargs, void** args, long number, int min_rep
 
 def harness_library() -> Path:
     """Path of the built harness shared object (built once, then taken from the kernel cache)."""
-    from compiler.runtime.cbuild import compile_source
+    from compiler.backends.cpu.gcc import compile_source
 
     return compile_source(harness_source())

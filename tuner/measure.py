@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.backends.registry import Config
 from compiler.errors import KilnError
-from compiler.sketches import Config
 from compiler.target import Target
 from db.status import Status
 from tuner.space import config_json

@@ -43,8 +43,9 @@ class LocalBuilder(Builder):
 
     A batch is cut into at least ``chunks_per_worker`` chunks per worker (smaller chunks balance the
     workers better: compile times of candidates differ by 10x; each chunk costs one more gcc start) and
-    chunks hold at most ``max_batch`` kernels. ``codegen`` replaces ``compiler.codegen.c.generate_c`` (a
-    picklable module-level function; tests use it to inject invalid C)."""
+    chunks hold at most ``max_batch`` kernels. ``codegen`` replaces
+    ``compiler.backends.cpu.codegen.generate_c`` (a picklable module-level function; tests use it to
+    inject invalid C)."""
 
     def __init__(
         self,
@@ -182,7 +183,13 @@ def _builder_main(conn: Any) -> None:
     from tuner.measure_pool import serve
 
     # import everything a build needs before announcing readiness, so no candidate pays for it
-    for module in ("compiler.codegen.c", "compiler.fusion", "compiler.loopir", "compiler.sketches"):
+    modules = (
+        "compiler.backends.cpu.codegen",
+        "compiler.fusion",
+        "compiler.loopir",
+        "compiler.backends.registry",
+    )
+    for module in modules:
         importlib.import_module(module)
 
     serve(conn, _BuildWorker().handle)
@@ -211,7 +218,7 @@ def build_chunk(
 ) -> dict[int, dict[str, Any]]:
     """Schedule, lower, print and compile ``items`` = [(index, group, sketch, target, config)] as one
     translation unit ``stem.c`` -> ``stem.so``; returns BuildResult fields by index."""
-    from compiler.codegen.c import generate_c
+    from compiler.backends.cpu.codegen import generate_c
     from compiler.loopir import lower_func
 
     gen = codegen or generate_c
@@ -295,7 +302,7 @@ def _fields(
 
 def _gcc(source: str, so: str, timeout: float) -> tuple[bool, str]:
     """Compile ``source`` into ``so`` with the kernel flags; (ok, gcc's error text)."""
-    from compiler.runtime.cbuild import CC, FLAGS, LIBS
+    from compiler.backends.cpu.gcc import CC, FLAGS, LIBS
 
     c_path = so[:-3] + ".c"
     with open(c_path, "w") as f:

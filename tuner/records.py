@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from compiler.backends.registry import get_sketch, sketch_for
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group
-from compiler.sketches import get_sketch, sketch_for
 from compiler.target import Target
 
 

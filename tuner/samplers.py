@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from compiler.backends.registry import Config, Knob
 from compiler.errors import KilnError
-from compiler.sketches import Config, Knob
 
 SAMPLERS = ("tpe", "cmaes", "random", "gp")
 

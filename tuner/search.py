@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.backends.registry import Config
 from compiler.errors import KilnError, ScheduleError
-from compiler.sketches import Config
 from db.records import RecordIn
 from db.status import Status
 from tuner.samplers import distributions, encoding, from_params, make_sampler, to_params

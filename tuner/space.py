@@ -6,8 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+from compiler.backends.registry import Config, Knob
 from compiler.errors import ScheduleError
-from compiler.sketches import Config, Knob
 
 
 def distributions(space: list[Knob]) -> dict[str, Any]:

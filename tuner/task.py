@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.backends.registry import Config, Knob, Sketch, sketch_for
 from compiler.fusion import FusionPlan, Group, fuse
 from compiler.graph import Graph
 from compiler.passes import optimize
-from compiler.sketches import Config, Knob, Sketch, sketch_for
 from compiler.target import Target
 
 

@@ -1,7 +1,2 @@
-"""Code generation: a C-style printer base (``cstyle``) with the C target (``c``)."""
-
-from __future__ import annotations
-
-from compiler.codegen.c import CODEGEN_VERSION, CPrinter, generate_c
-
-__all__ = ["CODEGEN_VERSION", "CPrinter", "generate_c"]
+"""Code generation shared by every backend: the C-style printer base (``cstyle``) and identifier
+sanitizing (``names``). Each backend's printer lives in its folder under ``compiler/backends``."""

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from compiler import dtypes
-from compiler.codegen.kiln_math import Prelude
+from compiler.backends.cpu.kiln_math import Prelude
 from compiler.codegen.names import NameScope, const_literal
 from compiler.codegen.promote import Promotion
 from compiler.errors import CompileError

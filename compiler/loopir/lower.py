@@ -68,8 +68,8 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     if not isinstance(root, Block):
         return func
     gpu = any(isinstance(s, For) and s.kind == "thread" for s in walk_stmts(root))
-    if gpu:  # thread axes, cross-thread reductions (compiler.loopir.lower_cuda)
-        from compiler.loopir import lower_cuda
+    if gpu:  # thread axes, cross-thread reductions (compiler.backends.cuda.lower)
+        from compiler.backends.cuda import lower as lower_cuda
 
         func = lower_cuda.prepare(func)
         root = func.body

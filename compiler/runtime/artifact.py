@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from compiler.backends.cpu import gcc as cbuild
 from compiler.errors import CompileError, KilnError
-from compiler.runtime import cbuild
 from compiler.runtime.memory_plan import BufferSpec, Launch
 from compiler.target import Target
 

@@ -16,7 +16,7 @@ from compiler.te import TEProgram, compute, lower, placeholder
 
 def _copy_func(src: Value, name: str, target=None):
     if target is not None and target.kind == "cuda":
-        from compiler.sketches.cuda_pointwise import copy_func
+        from compiler.backends.cuda.sketches.pointwise import copy_func
 
         return copy_func(src.shape, src.dtype, name)
     x = placeholder(src.shape, src.dtype, "src")
@@ -126,7 +126,7 @@ def assemble(plan) -> CompiledModel:
     }
     cls = CompiledModel
     if plan.target.kind == "cuda":
-        from compiler.runtime.cuda_executor import CudaCompiledModel
+        from compiler.backends.cuda.executor import CudaCompiledModel
 
         cls = CudaCompiledModel  # type: ignore[assignment]
     return cls.from_funcs(

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from compiler.backends.cpu import gcc as cbuild
 from compiler.dtypes import to_numpy
 from compiler.errors import KilnError
-from compiler.runtime import cbuild
 from compiler.runtime.memory_plan import BufferSpec, Launch, plan_memory
 from compiler.target import Target
 
@@ -129,7 +129,7 @@ class CompiledModel:
         meta: Mapping[str, Any] | None = None,
     ) -> CompiledModel:
         """Generate the C source of lowered ``funcs`` plus the ``kiln_run`` entry, and wrap it."""
-        from compiler.codegen.c import generate_c
+        from compiler.backends.cpu.codegen import generate_c
 
         target = target or Target.host()
         source = generate_c(list(funcs), target, launches)

@@ -9,13 +9,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
+from compiler.backends.registry import sketch_for
+from compiler.backends.sketch import Config, Sketch
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import Group, fuse
 from compiler.graph import Graph
 from compiler.passes import optimize
-from compiler.sketches import sketch_for
-from compiler.sketches.base import Config, Sketch
 from compiler.target import Target
 
 UNARY = ["exp", "tanh", "relu", "sigmoid", "erf", "neg"]

@@ -23,15 +23,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from compiler.backends.cpu.codegen import generate_c
+from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
+from compiler.backends.registry import Config, Knob, Sketch
 from compiler.builder import GraphBuilder
-from compiler.codegen.c import generate_c
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir.expr import Load, Var, const
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, BufferStore, For, PrimFunc, SeqStmt
-from compiler.sketches import Config, Knob, Sketch
-from compiler.sketches.pointwise import PointwiseSketch
 from compiler.target import Target
 
 FAULTS = ("none", "wrong", "oob_write", "crash", "hang", "invalid", "compile_error")

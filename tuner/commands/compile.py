@@ -87,7 +87,7 @@ def _inputs(model, path: str | None):
 def run_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from compiler.runtime.cuda_executor import load_compiled
+    from compiler.backends.cuda.executor import load_compiled
 
     model = load_compiled(args.path)  # a CPU or a CUDA model directory
     inputs = _inputs(model, args.inputs)

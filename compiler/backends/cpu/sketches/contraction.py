@@ -1,0 +1,462 @@
+"""The contraction sketch: matmul / batch_matmul / conv2d with a fused elementwise epilogue.
+
+The block's spatial loops are classified by the operands they index: M (only the first operand), N
+(only the second), batch (both). CPU schedule, BLIS style without K blocking (the accumulator tile
+lives in registers for the whole K, so the epilogue runs on registers):
+
+    parallel for (batch, outer M/N dims, n_o)   [pack B panel: n_o's K x NC block, layout [NC/NR][K][NR]]
+      for m_o                                   [pack A panel: MC x K, layout [MC/MR][K][MR]]
+        for n_m, m_m   (order knob)             [acc: MR x NR register tile, zeroed]
+          for k                          acc[mr][nr] += A[m][k] * Bp[k][nr]  (mr unrolled, nr vectorized)
+          epilogue on the tile                  out = f(acc, bias, residual, ...)
+
+Knobs: ``mr``, ``nr`` (register tile), ``vector``, ``mc_tiles`` / ``nc_tiles`` (cache block = tiles x
+register tile), ``pack_a``, ``pack_b``, ``order``, ``unroll_k``, ``parallel``.
+CUDA knobs: ``bm``, ``bn``, ``bk``, ``tm``, ``tn``, ``vector``, ``double_buffer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.backends.sketch import PARALLEL_MIN_WORK, Config, Knob, Sketch, prepare
+from compiler.errors import ScheduleError
+from compiler.fusion import Group
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import Binary, Expr, Load, Var, free_vars, walk
+from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Block, Buffer, For
+from compiler.target import Target
+
+REGISTERS = 32  # vector registers on AVX-512 (16 on AVX2)
+
+
+@dataclass
+class GemmView:
+    """How the contraction block's loops map onto a GEMM."""
+
+    block: Block
+    a: Buffer  # first operand (broadcast side)
+    b: Buffer  # second operand (vector side)
+    batch: list[For]
+    m: list[For]
+    n: list[For]
+    k: list[For]
+    b_ndim: int | None  # axis of b indexed by the innermost n loop (None if not a plain variable)
+    a_mdim: int | None
+    n_dims: list[int]  # positions of the N-side spatial iteration variables (= axes of the output)
+
+    @property
+    def m_extent(self) -> int:
+        return self.m[-1].extent if self.m else 1
+
+    @property
+    def n_extent(self) -> int:
+        return self.n[-1].extent if self.n else 1
+
+
+def _anchor_extents(group: Group) -> tuple[int, int]:
+    """(innermost M extent, innermost N extent) computed from the anchor's shapes."""
+    n = group.anchor
+    assert n is not None
+    if n.op == "conv2d":
+        return n.output.shape[3], n.output.shape[1]
+    return n.output.shape[-2], n.output.shape[-1]
+
+
+def _product_sides(block: Block) -> tuple[list[Load], list[Load]]:
+    """The loads of the two factors of the contraction's product ``acc + lhs * rhs``: operands are told
+    apart by side, so ``x @ x^T`` or two slices of one tensor are two operands."""
+    own = set(A.writes(block))
+    for st in A.block_stores(block):
+        value = st.value
+        if isinstance(value, Binary) and value.op == "+":
+            src = value.b if isinstance(value.a, Load) and value.a.buffer in own else value.a
+            while isinstance(src, Binary) and src.op == "*" and not (_loads_of(src.a) and _loads_of(src.b)):
+                src = src.a if _loads_of(src.a) else src.b  # skip constant scale factors
+            if isinstance(src, Binary) and src.op == "*":
+                return _loads_of(src.a), _loads_of(src.b)
+    raise ScheduleError(f"contraction: block {block.name} is not a sum of products of two operands")
+
+
+def _loads_of(e: Expr) -> list[Load]:
+    return [x for x in walk(e) if isinstance(x, Load)]
+
+
+def gemm_view(sch: Schedule, block: Block) -> GemmView:
+    loads_a, loads_b = _product_sides(block)
+    a, b = loads_a[0].buffer, loads_b[0].buffer
+    loops = sch.get_loops(block)
+    by_var = dict(zip((iv.var for iv in block.iter_vars), zip(block.iter_vars, loops)))
+    uses: dict[int, set[str]] = {}
+    for side, side_loads in (("a", loads_a), ("b", loads_b)):
+        for ld in side_loads:
+            for i in ld.indices:
+                for v in free_vars(i):
+                    uses.setdefault(v.uid, set()).add(side)
+    batch, m, n, k = [], [], [], []
+    n_dims: list[int] = []
+    for pos, (iv, lp) in enumerate(by_var.values()):
+        if iv.kind == "R":
+            k.append(lp)
+            continue
+        u = uses.get(iv.var.uid, set())
+        (m if u == {"a"} else n if u == {"b"} else batch).append(lp)
+        if u == {"b"}:
+            n_dims.append(pos)
+    n_var = _var_of(block, n[-1]) if n else None
+    m_var = _var_of(block, m[-1]) if m else None
+    b_ndim = _plain_axis(loads_b, b, n_var) if a is not b else None  # one buffer on both sides: no packing
+    a_mdim = _plain_axis(loads_a, a, m_var) if a is not b else None
+    return GemmView(block, a, b, batch, m, n, k, b_ndim, a_mdim, n_dims)
+
+
+def _var_of(block: Block, loop: For) -> Var:
+    for iv, e in zip(block.iter_vars, block.bindings):
+        if e is loop.var:
+            return iv.var
+    raise ScheduleError(f"loop {loop.var.name} is not bound to an iteration variable")
+
+
+def _plain_axis(loads: list[Load], buf: Buffer, var: Var | None) -> int | None:
+    """The axis of ``buf`` indexed by exactly ``var`` in every load (None when not that simple)."""
+    if var is None:
+        return None
+    axes = set()
+    for ld in loads:
+        if ld.buffer is buf:
+            hits = [d for d, i in enumerate(ld.indices) if i is var]
+            if len(hits) != 1 or any(var in free_vars(i) for d, i in enumerate(ld.indices) if d != hits[0]):
+                return None
+            axes.add(hits[0])
+    return axes.pop() if len(axes) == 1 else None
+
+
+class ContractionSketch(Sketch):
+    name = "contraction"
+    version = 1
+    kinds = ("contraction",)
+
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        if target.kind == "cuda":
+            return [
+                Knob("bm", (32, 64, 128, 256), "rows of C per thread block"),
+                Knob("bn", (32, 64, 128, 256), "columns of C per thread block"),
+                Knob("bk", (8, 16, 32, 64), "K slice staged in shared memory"),
+                Knob("tm", (1, 2, 4, 8), "rows of C per thread (register tile)"),
+                Knob("tn", (1, 2, 4, 8), "columns of C per thread (register tile)"),
+                Knob("vector", (1, 2, 4), "vector width of global loads"),
+                Knob("double_buffer", (0, 1), "double-buffer the shared-memory tiles"),
+            ]
+        lanes = target.vector_lanes_f32
+        m_ext, n_ext = _anchor_extents(group)
+        conv = group.anchor is not None and group.anchor.op == "conv2d"
+        vectors = tuple(v for v in (1, 4, 8, 16) if v <= lanes)
+        return [
+            Knob("mr", tuple(v for v in (1, 2, 4, 6, 8, 12, 14) if v <= max(1, m_ext)), "register tile rows"),
+            Knob(
+                "nr",
+                tuple(v for v in (4, 8, 16, 32, 48, 64) if v <= max(4, n_ext) or v == 4),
+                "register tile columns",
+            ),
+            Knob("vector", vectors, "SIMD lanes along N"),
+            Knob("mc_tiles", (1, 2, 4, 8, 16, 32), "register tiles per M cache block (MC = mc_tiles * mr)"),
+            Knob("nc_tiles", (1, 2, 4, 8, 16), "register tiles per N cache block (NC = nc_tiles * nr)"),
+            Knob("pack_a", (0,) if conv else (0, 1), "pack the A panel [MC/MR][K][MR]"),
+            Knob(
+                "pack_b",
+                (0, 1, 2) if _const_b(group) else (0, 1),
+                "B panel: 0 read in place, 1 packed per call [NC/NR][K][NR], "
+                "2 pre-packed weights (at compile time)",
+            ),
+            Knob("order", ("nm", "mn"), "order of the tile loops inside the cache block"),
+            Knob("unroll_k", (1, 2, 4), "unroll of the K loop"),
+            Knob("parallel", ("batch_n", "batch_m", "none"), "OpenMP over batch+N blocks or batch+M blocks"),
+        ]
+
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        if target.kind == "cuda":
+            threads = (config["bm"] // config["tm"]) * (config["bn"] // config["tn"])
+            if threads > target.max_threads_per_block or threads < 32:
+                raise ScheduleError(
+                    f"contraction: {threads} threads per block is outside "
+                    f"[32, {target.max_threads_per_block}]"
+                )
+            smem = (config["bm"] + config["bn"]) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
+            if smem > target.max_shared_bytes_optin:
+                raise ScheduleError(f"contraction: {smem} bytes of shared memory exceed the device limit")
+            return
+        v, nr, mr = config["vector"], config["nr"], config["mr"]
+        if nr % v:
+            raise ScheduleError(f"contraction: vector {v} does not divide nr {nr}")
+        if mr * (nr // v) > REGISTERS - 4 and v > 1:
+            raise ScheduleError(f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector registers")
+        m_ext, n_ext = _anchor_extents(group)
+        if config["mc_tiles"] > 1 and mr * config["mc_tiles"] > 2 * m_ext:
+            raise ScheduleError("contraction: the M cache block is far larger than M")
+        if config["nc_tiles"] > 1 and nr * config["nc_tiles"] > 2 * n_ext:
+            raise ScheduleError("contraction: the N cache block is far larger than N")
+
+    def default(self, group: Group, target: Target) -> Config:
+        m_ext, n_ext = _anchor_extents(group)
+        if target.kind == "cuda":
+            if m_ext >= 512 and n_ext >= 512 and (group.anchor is None or group.anchor.op != "conv2d"):
+                # large GEMMs: 128x128 block tiles, 8x8 per thread, prefetching double buffer
+                # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90)
+                return {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
+            return {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
+        k_ext, batch = _reduce_and_batch(group)
+        lanes = target.vector_lanes_f32
+        v = lanes if n_ext >= lanes else max(x for x in (4, 8, 16) if x <= max(4, n_ext) and x <= lanes)
+        nr = 2 * v if n_ext >= 2 * v else v
+        fitting = [x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext) and x * (nr // v) <= REGISTERS - 4]
+        # prefer a register tile that divides M (no row guards in the micro-kernel), then the larger one
+        mr = max(fitting, key=lambda x: (m_ext % x == 0, x))
+        # the packed B panel (K x NC) and the A block (MC x K) should sit in about half of L2 each
+        budget = target.l2_bytes // 2
+        nc_cap = max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr)))
+        mc_cap = max(1, min(32, budget // max(1, 4 * k_ext * mr), -(-m_ext // mr)))
+        nc_tiles = _tiles_within(nc_cap, n_ext, nr)
+        mc_tiles = _tiles_within(mc_cap, m_ext, mr)
+        n_blocks = batch * -(-n_ext // (nr * nc_tiles))
+        m_blocks = batch * -(-m_ext // (mr * mc_tiles))
+        if n_blocks >= target.cores:
+            parallel = "batch_n"
+        else:
+            parallel = "batch_m"
+            while m_blocks < target.cores and mc_tiles > 1:
+                mc_tiles //= 2
+                m_blocks = batch * -(-m_ext // (mr * mc_tiles))
+            if m_blocks < 2:
+                parallel = "none" if n_blocks < 2 else "batch_n"
+        if group.flops < 8 * PARALLEL_MIN_WORK:
+            parallel = "none"
+        return {
+            "mr": mr,
+            "nr": nr,
+            "vector": v,
+            "mc_tiles": mc_tiles,
+            "nc_tiles": nc_tiles,
+            "pack_a": 0,
+            "pack_b": 2 if _const_b(group) else 1,
+            "order": "nm",
+            "unroll_k": 1,
+            "parallel": parallel,
+        }
+
+    # ------------------------------------------------------------------ build
+    def build(self, group: Group, config: Config, target: Target) -> Schedule:
+        self.check(group, config, target)
+        if target.kind == "cuda":
+            from compiler.backends.cuda.sketches.contraction import build_contraction_cuda
+
+            return build_contraction_cuda(self, group, config, target)
+        # a convolution's zero-padded input copy stays a stage of its own (read with affine indices)
+        sch, blocks = prepare(group, keep=lambda b: b.name.endswith("_pad"))
+        mm = next(b for b in blocks if b.is_reduction)
+        out_buf = A.writes(mm)[0]
+        if any(p is out_buf for p in sch.func.params):
+            epi = sch.cache_write(mm, out_buf, "local")
+        else:
+            out_buf.scope = "local"
+            epi = next(b for b in sch.blocks() if out_buf in A.reads(b))
+        view = gemm_view(sch, mm)
+        if not view.m or not view.n:
+            return self._simple(sch, mm, epi, config)
+        self._tile(sch, view, epi, config)
+        self._schedule_pad(sch, config)
+        return sch
+
+    @staticmethod
+    def _acc_layout_n_last(sch: Schedule, mm: Block, n_dims: list[int]) -> None:
+        """Lay the accumulator out with the N axes innermost (a convolution's output is [n, o, y, x] with o
+        on the N side): the register tile's vector lanes must be contiguous."""
+        acc = A.writes(mm)[0]
+        rank = len(acc.shape)
+        if not n_dims or n_dims == list(range(rank - len(n_dims), rank)):
+            return
+        order = [d for d in range(rank) if d not in n_dims] + n_dims
+        sch.transform_layout(acc, lambda *idx: [idx[d] for d in order], [acc.shape[d] for d in order])
+
+    @staticmethod
+    def _schedule_pad(sch: Schedule, config: Config) -> None:
+        """The convolution's padded input copy: one pass, parallel over its outer axes when big enough."""
+        for b in sch.blocks():
+            if not b.name.endswith("_pad"):
+                continue
+            loops = sch.get_loops(b)
+            numel = 1
+            for lp in loops:
+                numel *= lp.extent
+            if len(loops) > 1 and config["parallel"] != "none" and numel >= PARALLEL_MIN_WORK:
+                sch.parallel(sch.fuse(*loops[:-1]))
+
+    def _simple(self, sch: Schedule, mm: Block, epi: Block, config: Config) -> Schedule:
+        """Shapes without both an M and an N axis (e.g. matrix-vector): parallel outer loop, serial K."""
+        loops = sch.get_loops(mm)
+        sp = [lp for lp, iv in zip(loops, mm.iter_vars) if iv.kind == "S"]
+        k = [lp for lp, iv in zip(loops, mm.iter_vars) if iv.kind == "R"]
+        if sp:
+            sch.reverse_compute_at(epi, sp[-1])
+            sch.decompose_reduction(mm, k[0])
+            if config["parallel"] != "none":
+                sch.parallel(sp[0])
+        return sch
+
+    def _tile(self, sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
+        mm = view.block
+        self._acc_layout_n_last(sch, mm, view.n_dims)
+        mr, nr, v = config["mr"], config["nr"], config["vector"]
+        mc, nc = mr * config["mc_tiles"], nr * config["nc_tiles"]
+        outer_m, outer_n = view.m[:-1], view.n[:-1]
+        m_o, m_m, m_r = sch.split(view.m[-1], [None, max(1, mc // mr), mr])
+        n_o, n_m, n_r = sch.split(view.n[-1], [None, max(1, nc // nr), nr])
+        k_loops = view.k
+        # several reduction axes (a convolution's c, kh, kw) stay separate loops: fusing them would put
+        # division and modulo into every operand load of the micro-kernel
+        k = k_loops[0]
+        mid = [n_m, m_m] if config["order"] == "nm" else [m_m, n_m]
+        if config["parallel"] == "batch_m":
+            top = [*view.batch, *outer_m, *outer_n, m_o, n_o]
+        else:
+            top = [*view.batch, *outer_m, *outer_n, n_o, m_o]
+        sch.reorder(*top, *mid, *k_loops, m_r, n_r)
+        tile_loop = mid[-1]
+        sch.reverse_compute_at(epi, tile_loop)
+        init = sch.decompose_reduction(mm, k)
+        for small in k_loops[1:]:  # a convolution window (kh, kw): unroll it whole
+            if small.extent <= 7:
+                sch.unroll(small)
+        if config["unroll_k"] > 1 and len(k_loops) == 1:
+            _, ku = sch.split(k, [None, config["unroll_k"]])
+            sch.unroll(ku)
+        n_rv, n_v = sch.split(n_r, [None, v])
+        if v > 1:
+            sch.vectorize(n_v)
+        sch.unroll(n_rv)
+        sch.unroll(m_r)
+        self._vector_tile(sch, init, v, nr)
+        self._vector_tile(sch, epi, v, nr, view.n_dims[-1] if view.n_dims else None)
+        if config["pack_b"] == 2 and view.b_ndim is not None:  # weights packed once, at compile time
+            from compiler.layouts import TilePack
+
+            sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr, pad_to=nc))
+            if view.n_extent % nr:
+                self._pad_lanes(sch, (mm, init))
+        elif config["pack_b"] and view.a is not view.b:  # (packing one side would redirect the other)
+            at = top[-2] if config["parallel"] == "batch_n" else top[-1]
+            pack = self._pack(sch, mm, view.b, view.b_ndim, nr, at)
+            if view.b_ndim is not None and view.n_extent % nr and pack.predicate is not None:
+                # N tail: zero-pad the packed panel so the micro-kernel never predicates a vector lane
+                lane = next(
+                    (
+                        lp
+                        for lp in reversed(sch.get_loops(pack))
+                        if lp.var in free_vars(pack.bindings[view.b_ndim])
+                    ),
+                    None,
+                )
+                if lane is not None:
+                    sch.pad(pack, lane, fill=0.0)
+                    self._pad_lanes(sch, (mm, init))
+        if config["pack_a"] and view.a_mdim is not None:
+            self._pack(sch, mm, view.a, view.a_mdim, mr, m_o)
+        if config["parallel"] != "none":
+            par = top[: len(top) - 1]
+            fused = sch.fuse(*par) if len(par) > 1 else par[0]
+            if fused.extent > 1:
+                sch.parallel(fused)
+
+    @staticmethod
+    def _pad_lanes(sch: Schedule, blocks: tuple[Block, ...]) -> None:
+        """Let the micro-kernel and its accumulator init run whole tiles (their innermost loop is the N lane
+        loop); only the epilogue keeps the N guard."""
+        for b in blocks:
+            lane = sch.get_loops(b)[-1]
+            if b.predicate is not None and lane.var in free_vars(b.predicate):
+                sch.pad(b, lane)
+
+    def _vector_tile(self, sch: Schedule, block: Block, v: int, nr: int, n_dim: int | None = None) -> None:
+        """Walk a register tile (the accumulator init, or the epilogue) N-innermost: vectorize the N loop
+        and unroll everything else, so every index into the accumulator is a constant and it stays in
+        registers. ``n_dim`` names the iteration variable of the N axis when it is not already innermost."""
+        loops = sch.get_loops(block)
+        if n_dim is not None:
+            n_vars = free_vars(block.bindings[n_dim])
+            n_loop = next((lp for lp in reversed(loops) if lp.var in n_vars), None)
+            if n_loop is not None and n_loop is not loops[-1] and n_loop.extent == nr:
+                tile_loops = [lp for lp in loops if lp.extent > 1 and lp in loops[-2:]]
+                if n_loop in tile_loops and len(tile_loops) == 2:
+                    sch.reorder(*[lp for lp in tile_loops if lp is not n_loop], n_loop)
+                    loops = sch.get_loops(block)
+        inner = [lp for lp in loops if lp.extent in (nr,) and lp is loops[-1]]
+        if not inner:
+            return
+        rows = loops[-2] if len(loops) >= 2 and loops[-2].extent <= 16 else None
+        lv, vv = sch.split(inner[0], [None, v])
+        if v > 1:
+            sch.vectorize(vv)
+        sch.unroll(lv)
+        if rows is not None and rows.kind == "serial":
+            sch.unroll(rows)
+
+    def _pack(self, sch: Schedule, mm: Block, buf: Buffer, axis: int | None, tile: int, at: For) -> Block:
+        """Copy the panel of ``buf`` used under loop ``at`` into a buffer laid out
+        [.., axis/tile, .., tile]."""
+        pack = sch.cache_read(mm, buf, "global")
+        sch.compute_at(pack, at)
+        if axis is None:
+            return pack
+        cache = A.writes(pack)[0]
+        rank = len(cache.shape)
+        shape = list(cache.shape)
+        others = [d for d in range(rank) if d != axis]
+        new_shape = [-(-shape[axis] // tile), *(shape[d] for d in others), tile]
+
+        def index_map(*idx):
+            return [idx[axis] // tile, *(idx[d] for d in others), idx[axis] % tile]
+
+        sch.transform_layout(cache, index_map, new_shape)
+        # when the copy's innermost loop runs along the packed axis, both sides are contiguous: vectorize
+        loops = sch.get_loops(pack)
+        binding = pack.bindings[axis]
+        if loops and loops[-1].var in free_vars(binding) and loops[-1].extent % tile == 0 and tile > 1:
+            _outer, inner = sch.split(loops[-1], [None, tile])
+            lanes = max(x for x in (1, 4, 8, 16) if tile % x == 0)
+            if lanes > 1:
+                _, lane = sch.split(inner, [None, lanes])
+                sch.vectorize(lane)
+        return pack
+
+
+def _const_b(group: Group) -> bool:
+    """The second operand is a model constant read without a layout prologue (so it can be pre-packed)."""
+    a = group.anchor
+    return a is not None and len(a.inputs) > 1 and group.is_const_input(a.inputs[1])
+
+
+def _reduce_and_batch(group: Group) -> tuple[int, int]:
+    """(reduction length K, number of independent GEMMs) of the group's contraction."""
+    n = group.anchor
+    assert n is not None
+    if n.op == "conv2d":
+        _o, cg, kh, kw = n.inputs[1].shape
+        return cg * kh * kw, n.output.shape[0] * n.output.shape[2]
+    a = n.inputs[0].shape
+    k = a[-2] if n.attrs["transpose_a"] else a[-1]
+    batch = 1
+    for d in n.output.shape[:-2]:
+        batch *= d
+    return k, batch
+
+
+def _tiles_within(cap: int, extent: int, tile: int) -> int:
+    """The largest knob value (1, 2, 4 ... 32) not above ``cap``, preferring one whose cache block
+    (value x tile) divides ``extent`` so no tail guard is needed."""
+    values = [t for t in (1, 2, 4, 8, 16, 32) if t <= cap] or [1]
+    dividing = [t for t in values if extent % (t * tile) == 0]
+    return max(dividing) if dividing else max(values)
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)

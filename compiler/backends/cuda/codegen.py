@@ -1,0 +1,419 @@
+"""The CUDA target: lowered GPU-scheduled PrimFuncs -> one CUDA C++ translation unit (NVRTC or nvcc).
+
+``generate_cuda(funcs, target)`` prints a small prelude (fixed-width integer types, floor division,
+warp all-reduce helpers: only what is used) and every kernel as
+``extern "C" __global__ void __launch_bounds__(THREADS) NAME(const float* __restrict__ x, ...)``.
+A function whose body has several top-level loop nests becomes several kernels ``NAME_k0, NAME_k1 ...``
+launched in order (:func:`kernel_names`).
+
+* Loops bound to ``blockIdx.*`` / ``threadIdx.*``: the loop variable *is* the index
+  (``const int tx = (int)threadIdx.x;``); a thread loop whose extent is below the block size is guarded
+  (``if (tx < 48)``), one of extent 1 runs on thread 0 only. ``blockIdx`` loops must enclose the kernel.
+* ``shared`` allocations are ``__shared__ __align__(16)`` arrays; past 48 KiB per block they are carved
+  from dynamic shared memory (``extern __shared__``), recorded as ``dynamic_shared_bytes``. ``local``
+  allocations are per-thread arrays (registers once their indices are constants). ``global`` scratch
+  inside a kernel is a CompileError.
+* ``Barrier`` -> ``__syncthreads()``; ``warp_reduce_sum/max/min(v, w)`` -> an xor-shuffle butterfly over
+  aligned groups of ``w`` lanes (``__shfl_xor_sync`` with the group's mask).
+* ``vectorized`` loops (and the straight-line statements unrolling leaves) are expanded, and loads and
+  stores of float32 global/shared memory at 4 (or 2) consecutive indices whose base is provably a
+  multiple of 4 (2) become one ``float4`` (``float2``) access. A vectorized loop whose body is guarded by a
+  condition linear in the lane runs a vector path when the first and last lanes pass, else a scalar one.
+* Math keeps the op's semantics: ``expf logf sqrtf rsqrtf tanhf erff`` (never ``__expf`` & co. unless
+  ``fast_math`` is asked for); min/max are ``fminf``/``fmaxf`` (a NaN operand yields the other one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from compiler import dtypes
+from compiler.backends.cuda import lower as lower_cuda
+from compiler.backends.cuda.prelude import render_prelude
+from compiler.backends.cuda.vector_access import VectorPlan, expand_vector_loops, lane_split, uses_var
+from compiler.codegen.cstyle import CStylePrinter, c_type
+from compiler.codegen.names import sanitize
+from compiler.errors import CompileError
+from compiler.loopir import simplify as simp
+from compiler.loopir.expr import (
+    Binary,
+    Call,
+    Const,
+    Expr,
+)
+from compiler.loopir.stmt import (
+    Allocate,
+    Barrier,
+    Buffer,
+    BufferStore,
+    For,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    walk_stmts,
+)
+
+CODEGEN_VERSION = "cuda-1"  # bump when generated code changes meaning (part of the build cache key)
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def kernel_names(func: PrimFunc) -> list[str]:
+    """The ``__global__`` names of ``func``'s kernels, in launch order."""
+    n = len(lower_cuda.kernel_parts(func.body))
+    return [func.name] if n == 1 else [f"{func.name}_k{i}" for i in range(n)]
+
+
+def kernel_launches(func: PrimFunc) -> list[dict[str, Any]]:
+    """Per kernel of ``func``: name, grid, block, shared_bytes (static + dynamic) and dynamic_shared_bytes."""
+    out = []
+    for name, part in zip(kernel_names(func), lower_cuda.kernel_parts(func.body)):
+        info = lower_cuda.launch_info(part)
+        dyn = info["shared_bytes"] if info["shared_bytes"] > STATIC_SHARED_LIMIT else 0
+        out.append({"name": name, **info, "dynamic_shared_bytes": dyn})
+    return out
+
+
+class CudaPrinter(CStylePrinter):
+    """CUDA C++ for NVRTC/nvcc (see the module docstring)."""
+
+    restrict = "__restrict__"
+
+    def __init__(self, target: Any = None, fast_math: bool = False) -> None:
+        super().__init__(target)
+        self.fast_math = fast_math
+        self.helpers: set[str] = set()
+        self.arch = getattr(target, "arch", "sm_90") if target is not None else "sm_90"
+
+    def _reset(self, func: PrimFunc | None) -> None:
+        super()._reset(func)
+        self.dims: dict[str, int] = {}
+        self.vec_map: dict[tuple[int, tuple], str] = {}
+        self.smem_offset = 0
+        self.dynamic = False
+        self.threads = 1
+
+    # ---------------------------------------------------------------- kernels
+    def kernels(self, func: PrimFunc) -> list[tuple[str, str, dict[str, Any]]]:
+        """(name, CUDA text, launch) of each kernel of a lowered function."""
+        if sanitize(func.name) != func.name:
+            raise CompileError(f"kernel name {func.name!r} is not a valid C identifier")
+        out = []
+        for launch, part in zip(kernel_launches(func), lower_cuda.kernel_parts(func.body)):
+            sub = PrimFunc(launch["name"], func.params, part, func.num_inputs, dict(func.attrs))
+            out.append((launch["name"], self.kernel(sub, launch), launch))
+        return out
+
+    def kernel(self, func: PrimFunc, launch: dict[str, Any]) -> str:
+        self._check_structure(func)
+        for axis, n, limit in zip("xyz", launch["grid"], (2**31 - 1, 65535, 65535)):
+            if n > limit:
+                raise CompileError(f"kernel {func.name}: grid {axis} of {n} blocks exceeds the limit {limit}")
+        if math.prod(launch["block"]) > 1024:
+            raise CompileError(
+                f"kernel {func.name}: {math.prod(launch['block'])} threads per block exceed 1024"
+            )
+        self.pending_launch = launch
+        text = self.function(func)
+        head = (
+            f"// {func.name}: grid ({', '.join(map(str, launch['grid']))}), block "
+            f"({', '.join(map(str, launch['block']))}), shared {launch['shared_bytes']} bytes"
+            + (" (dynamic)" if launch["dynamic_shared_bytes"] else "")
+        )
+        return head + "\n" + text
+
+    def _check_structure(self, func: PrimFunc) -> None:
+        for s in walk_stmts(func.body):
+            if isinstance(s, For) and s.kind == "parallel":
+                raise CompileError(
+                    f"kernel {func.name}: loop {s.var.name} is 'parallel' (OpenMP); "
+                    "bind it to blockIdx/threadIdx"
+                )
+            if isinstance(s, Allocate) and s.buffer.scope == "global":
+                raise CompileError(
+                    f"kernel {func.name}: buffer {s.buffer.name} is a global scratch allocation inside a "
+                    "kernel; "
+                    "give it local or shared scope"
+                )
+            if (isinstance(s, Allocate) and s.buffer.dtype == "float16") or (
+                isinstance(s, BufferStore) and s.buffer.dtype == "float16"
+            ):
+                raise CompileError(f"kernel {func.name}: float16 is not supported by the CUDA target yet")
+        spine = 0
+        s: Stmt = func.body
+        while True:
+            if isinstance(s, Allocate):
+                s = s.body
+            elif isinstance(s, For) and s.kind == "thread" and (s.thread or "").startswith("blockIdx"):
+                spine += 1
+                s = s.body
+            else:
+                break
+        total = sum(
+            1 for x in walk_stmts(func.body) if isinstance(x, For) and (x.thread or "").startswith("blockIdx")
+        )
+        if total != spine:
+            raise CompileError(
+                f"kernel {func.name}: loops bound to blockIdx must enclose the whole kernel "
+                "(one chain at the top)"
+            )
+
+    def signature(self, func: PrimFunc, params: list[str]) -> str:
+        launch = getattr(self, "pending_launch", None) or lower_cuda.launch_info(func.body)
+        threads = math.prod(launch["block"])
+        return f'extern "C" __global__ void __launch_bounds__({threads}) {func.name}({", ".join(params)})'
+
+    def function(self, func: PrimFunc) -> str:
+        launch = getattr(self, "pending_launch", None) or lower_cuda.launch_info(func.body)
+        self._reset(func)
+        self.dims = lower_cuda.thread_dims(func.body)
+        self.dynamic = launch["shared_bytes"] > STATIC_SHARED_LIMIT
+        body = self.prepare_body(func.body)
+        params = []
+        for i, b in enumerate(func.params):
+            if b.dtype == "float16":
+                raise CompileError(f"kernel {func.name}: float16 is not supported by the CUDA target yet")
+            name = self.names.fresh(b.name)
+            self.buf_names[b] = name
+            params.append(self.param_decl(b, name, i < func.num_inputs))
+        if self.dynamic:
+            self.line("extern __shared__ __align__(16) unsigned char kiln_smem[];")
+        self.stmt(body)
+        return "\n".join([self.signature(func, params) + " {", *self.lines, "}"]) + "\n"
+
+    # ------------------------------------------------------------ statements
+    def prepare_body(self, body: Stmt) -> Stmt:
+        return expand_vector_loops(body)
+
+    def emit_thread_loop(self, s: For) -> None:
+        tag = s.thread or ""
+        used = uses_var(s.body, s.var)
+        if tag.startswith("blockIdx"):
+            with self.loop_var(s.var, s.extent) as v:
+                if used:
+                    self.line(f"const int32_t {v} = (int32_t){tag};")
+                self.stmt(s.body)
+            return
+        full = self.dims.get(tag, s.extent)
+        if s.extent == 1 and full > 1:
+            with self.block(f"if ({tag} == 0)"), self.bound_const(s.var, 0):
+                self.stmt(s.body)
+            return
+        with self.block(""), self.loop_var(s.var, s.extent) as v:
+            if used:
+                self.line(f"const int32_t {v} = (int32_t){tag};")
+            if s.extent < full:
+                with self.block(f"if ({v if used else tag} < {s.extent})"):
+                    self.stmt(s.body)
+            else:
+                self.stmt(s.body)
+
+    @contextmanager
+    def block(self, head: str) -> Iterator[None]:
+        self.line((head + " {") if head else "{")
+        self.depth += 1
+        yield
+        self.depth -= 1
+        self.line("}")
+
+    def emit_for(self, s: For) -> None:
+        if s.kind == "unrolled" and s.extent > 1 and s.var not in self.expand:
+            self.emit_serial(s, pragma="#pragma unroll")
+            return
+        if s.kind == "vectorized" and s.var not in self.expand and s.extent > 1:
+            self.emit_serial(s, pragma="#pragma unroll")
+            return
+        super().emit_for(s)
+
+    def emit_parallel(self, s: For) -> None:
+        raise CompileError(f"loop {s.var.name} is 'parallel' (OpenMP); bind it to blockIdx/threadIdx")
+
+    def barrier_line(self, s: Barrier) -> str | None:
+        return "__syncthreads();"
+
+    def alloc_lines(self, buf: Buffer, name: str) -> tuple[list[str], list[str]]:
+        t = c_type(buf.dtype)
+        n = max(buf.numel, 1)
+        if buf.scope == "shared":
+            if self.dynamic:
+                off = self.smem_offset
+                self.smem_offset += -(-buf.nbytes // 16) * 16
+                return [f"{t}* {self.restrict} {name} = reinterpret_cast<{t}*>(kiln_smem + {off});"], []
+            return [f"__shared__ __align__(16) {t} {name}[{n}];"], []
+        if buf.scope == "local":
+            return [f"{t} {name}[{n}];"], []
+        raise CompileError(f"buffer {buf.name}: global scratch cannot be allocated inside a kernel")
+
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, SeqStmt):
+            self._emit_seq(s.stmts)
+            return
+        if isinstance(s, BufferStore):
+            self._emit_run([s])
+            return
+        super().stmt(s)
+
+    def _emit_seq(self, stmts: list[Stmt]) -> None:
+        i = 0
+        while i < len(stmts):
+            if isinstance(stmts[i], BufferStore):
+                j = i
+                while j < len(stmts) and isinstance(stmts[j], BufferStore):
+                    j += 1
+                self._emit_run(stmts[i:j])  # type: ignore[arg-type]
+                i = j
+            else:
+                super().stmt(stmts[i])
+                i += 1
+
+    # ------------------------------------------------------ vector accesses
+    def _emit_run(self, run: list[BufferStore]) -> None:
+        """Straight-line stores: combine aligned consecutive float32 loads and stores into float4/2."""
+        plan = VectorPlan(self, run)
+        saved = dict(self.vec_map)
+        try:
+            for r, st in enumerate(run):
+                for text, entries in plan.loads_at.get(r, []):
+                    self.line(text)
+                    self.vec_map.update(entries)
+                group = plan.store_of.get(r)
+                if group is None:
+                    self.line(f"{self.store_target(st.buffer, st.indices)} = {self.top(st.value)};")
+                    continue
+                tmp = self.names.fresh("st")
+                self.line(f"const {c_type(st.buffer.dtype)} {tmp} = {self.top(st.value)};")
+                group.temps[r] = tmp
+                if r == group.last:
+                    vals = ", ".join(group.temps[k] for k in group.order)
+                    vt = f"float{group.width}"
+                    target = f"&{self.buf_name(st.buffer)}[{group.base}]"
+                    self.line(f"*reinterpret_cast<{vt}*>({target}) = make_{vt}({vals});")
+        finally:
+            self.vec_map = saved
+
+    def access(self, buf: Buffer, indices: tuple[Expr, ...]) -> str:
+        if self.vec_map and buf.scope != "local":
+            flat = self.flat_index(buf, indices)
+            hit = self.vec_map.get((buf.uid, simp.key(lane_split(flat, self.ranges))))
+            if hit is not None:
+                return hit
+        return super().access(buf, indices)
+
+    # ------------------------------------------------------------ expressions
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Const) and dtypes.is_float(e.dtype):
+            v = float(e.value)
+            if math.isnan(v) or math.isinf(v):
+                if e.dtype == "float64":
+                    bits = "0x7ff8000000000000LL" if math.isnan(v) else "0x7ff0000000000000LL"
+                    text = f"__longlong_as_double({bits})"
+                else:
+                    text = f"__int_as_float({'0x7fc00000' if math.isnan(v) else '0x7f800000'})"
+                return f"(-{text})" if v < 0 else text
+        if isinstance(e, Const) and e.dtype == "int64":
+            return f"{int(e.value)}LL" if e.value >= 0 else f"({int(e.value)}LL)"
+        if isinstance(e, Call) and e.name.startswith("warp_reduce_"):
+            return self._warp(e)
+        return super().expr(e)
+
+    def _warp(self, e: Call) -> str:
+        comb = e.name[len("warp_reduce_") :]
+        s = {"float32": "f32", "float64": "f64", "int32": "i32"}.get(e.dtype)
+        if comb not in ("sum", "max", "min") or s is None or len(e.args) != 2:
+            raise CompileError(f"intrinsic {e.name} on {e.dtype} is not supported by the CUDA target")
+        width = e.args[1]
+        if not isinstance(width, Const) or int(width.value) not in (1, 2, 4, 8, 16, 32):
+            raise CompileError(f"{e.name}: the width must be a constant power of two up to 32")
+        self.helpers.add(f"warp_{comb}_{s}")
+        return f"kiln_warp_reduce_{comb}_{s}({self.top(e.args[0])}, {int(width.value)})"
+
+    def binary(self, e: Binary) -> str:
+        if e.op in ("min", "max"):
+            a, b = self.top(e.a), self.top(e.b)
+            if e.dtype == "float32":
+                return f"f{e.op}f({a}, {b})"
+            if e.dtype == "float64":
+                return f"f{e.op}({a}, {b})"
+            if dtypes.is_int(e.dtype):
+                return f"{e.op}({a}, {b})"
+            raise CompileError(f"{e.op} on {e.dtype} is not supported by the CUDA target")
+        if e.op in ("//", "%") and dtypes.is_int(e.dtype) and not (self.nonneg(e.a) and self.nonneg(e.b)):
+            s = {"int32": "i32", "int64": "i64"}.get(e.dtype)
+            if s is None:
+                raise CompileError(f"floor {e.op} on {e.dtype} is not supported by the CUDA target")
+            name = "floordiv" if e.op == "//" else "floormod"
+            self.helpers.add(f"{name}_{s}")
+            return f"kiln_{name}_{s}({self.top(e.a)}, {self.top(e.b)})"
+        if e.op in ("//", "%") and dtypes.is_float(e.dtype):
+            a, b = self.expr(e.a), self.expr(e.b)
+            fl = "floorf" if e.dtype == "float32" else "floor"
+            q = f"{fl}({a} / {b})"
+            return q if e.op == "//" else f"({a} - {b} * {q})"
+        if e.op == "pow":
+            a, b = self.top(e.a), self.top(e.b)
+            if e.dtype == "float32":
+                return f"powf({a}, {b})"
+            if e.dtype == "float64":
+                return f"pow({a}, {b})"
+            return f"(({c_type(e.dtype)})pow((double)({a}), (double)({b})))"
+        return super().binary(e)
+
+    def math_call(self, name: str, args: list[str], dtype: str) -> str:
+        a = args[0] if args else ""
+        if dtype == "float32":
+            fast = self.fast_math
+            table = {
+                "exp": f"__expf({a})" if fast else f"expf({a})",
+                "log": f"__logf({a})" if fast else f"logf({a})",
+                "sqrt": f"sqrtf({a})",
+                "rsqrt": f"rsqrtf({a})",
+                "tanh": f"tanhf({a})",
+                "erf": f"erff({a})",
+                "sigmoid": f"(1.0f / (1.0f + {'__expf' if fast else 'expf'}(-({a}))))",
+                "abs": f"fabsf({a})",
+                "neg": f"(-{a})",
+                "recip": f"__frcp_rn({a})" if fast else f"(1.0f / {a})",
+            }
+        elif dtype == "float64":
+            table = {
+                "exp": f"exp({a})",
+                "log": f"log({a})",
+                "sqrt": f"sqrt({a})",
+                "rsqrt": f"rsqrt({a})",
+                "tanh": f"tanh({a})",
+                "erf": f"erf({a})",
+                "sigmoid": f"(1.0 / (1.0 + exp(-({a}))))",
+                "abs": f"fabs({a})",
+                "neg": f"(-{a})",
+                "recip": f"(1.0 / {a})",
+            }
+        elif dtypes.is_int(dtype):
+            table = {"abs": f"abs({a})", "neg": f"(-{a})"}
+        else:
+            table = {}
+        if name not in table:
+            raise CompileError(f"intrinsic {name}() on {dtype} is not supported by the CUDA target")
+        return table[name]
+
+    # ---------------------------------------------------------------- prelude
+    def prelude_text(self) -> str:
+        return render_prelude(self.helpers)
+
+
+def generate_cuda(funcs: Sequence[PrimFunc], target: Any = None, fast_math: bool = False) -> str:
+    """One CUDA translation unit with every kernel of the lowered ``funcs`` (see the module docstring)."""
+    printer = CudaPrinter(target, fast_math)
+    texts: list[str] = []
+    seen: set[str] = set()
+    for f in funcs:
+        for name, text, _ in printer.kernels(f):
+            if name in seen:
+                raise CompileError(f"two kernels are named {name!r}")
+            seen.add(name)
+            texts.append(text)
+    return "\n".join([f"// generated by kiln ({CODEGEN_VERSION})", printer.prelude_text(), *texts])
+
+
+# ====================================================================== helpers

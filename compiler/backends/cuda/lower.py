@@ -1,0 +1,383 @@
+"""CUDA-specific lowering: thread axes, cross-thread reductions, store guards, barriers, launch shape.
+
+``lower_func`` calls :func:`prepare` on the block-structured function when it has loops bound to GPU
+thread axes, and :func:`finish` on the plain result.
+
+Conventions of a GPU-scheduled function (what the CUDA codegen and the SIMT interpreter rely on):
+
+* Each top-level statement of the body is one kernel (usually the only one). Loops bound to
+  ``blockIdx.*`` enclose everything else of their kernel; the code inside them is run by every thread of
+  the block. A loop bound to ``threadIdx.*`` runs its body on the threads whose index on that axis is
+  below its extent, with the loop variable equal to that index. Sibling loops may bind the same axis:
+  :func:`prepare` gives every loop of one axis the same variable (``tx``, ``ty``, ``bx`` ...), so a
+  per-thread (``local``) buffer indexed by a thread variable is compacted to one element per thread.
+* The block shape is the largest extent bound to each ``threadIdx`` axis, the grid the ``blockIdx``
+  extents (recorded by :func:`finish` in ``func.attrs["launch"]``).
+
+Cross-thread reduction (TVM's LowerCrossThreadReduction): a reduction block whose reduce iteration
+variable is bound to ``threadIdx.x`` (``bind(loop, "threadIdx.x", allow_reduce=True)``, usually on the
+write-back block of an ``rfactor``) combines one value per thread. :func:`prepare` rewrites it into
+per-thread code every thread of the block runs:
+
+    t = pred ? value : identity                        (a local scalar)
+    t = warp_reduce_<op>(t, min(E, 32))                 (xor-butterfly over groups of lanes)
+    if E > 32:                                          (several warps: through shared memory)
+        if (tx % 32 == 0) red[.., tx / 32] = t
+        __syncthreads()
+        t = warp_reduce_<op>(tx % W < E/32 ? red[.., tx % W] : identity, W)
+        __syncthreads()
+    buf[...] = t   (or combine(buf, t) when the init was decomposed; only tx == 0 stores non-local buffers)
+
+so every participating thread ends with the full result (an all-reduce): a local result buffer needs
+no broadcast. The extent ``E`` must be the block's x size, a power of two up to 32 or a multiple of 32;
+other thread axes (rows of a block on ``threadIdx.y``) index the shared buffer.
+
+:func:`finish` double-buffers annotated loops (``lower_cuda_pipeline``), guards stores to shared/global
+memory made outside a loop of a used thread axis (they run on thread 0 of that axis, as an extent-1
+thread loop), inserts ``__syncthreads()`` between statements that communicate through shared memory
+(``lower_cuda_sync``: only at points all threads reach), and records the launch shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from compiler.errors import CompileError
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import (
+    Binary,
+    Call,
+    Expr,
+    IterVar,
+    Load,
+    Logical,
+    Var,
+    combine,
+    const,
+    free_vars,
+    logical_and,
+    reduce_identity,
+    select,
+    substitute,
+    walk,
+)
+from compiler.loopir.stmt import (
+    Allocate,
+    Barrier,
+    Block,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    seq,
+    walk_stmts,
+)
+
+AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+VAR_NAMES = {"blockIdx.x": "bx", "blockIdx.y": "by", "blockIdx.z": "bz"} | {
+    "threadIdx.x": "tx",
+    "threadIdx.y": "ty",
+    "threadIdx.z": "tz",
+}
+WARP = 32
+_COMBINER_OF = {"+": "sum", "max": "max", "min": "min"}
+
+
+def uses_threads(s: Stmt) -> bool:
+    """Whether any loop under ``s`` is bound to a GPU thread axis."""
+    return any(isinstance(x, For) and x.kind == "thread" for x in walk_stmts(s))
+
+
+def is_thread_axis(tag: str | None) -> bool:
+    return bool(tag) and tag.startswith("threadIdx")  # type: ignore[union-attr]
+
+
+def _nests(root: Block) -> list[Stmt]:
+    return list(root.body.stmts) if isinstance(root.body, SeqStmt) else [root.body]
+
+
+# ======================================================================= prepare
+def prepare(func: PrimFunc) -> PrimFunc:
+    """A copy of the block-level ``func`` with unified thread variables and cross-thread reductions
+    rewritten into warp/block all-reduce code."""
+    func = copy.deepcopy(func)
+    root = func.body
+    assert isinstance(root, Block)
+    for nest in _nests(root):
+        dims, canon = unify_thread_vars(nest, func.name)
+        for b in [*([nest] if isinstance(nest, Block) else []), *A.blocks_under(nest)]:
+            if b.is_reduction:
+                _lower_cross_thread(root, b, dims, canon, func.name)
+    return func
+
+
+def unify_thread_vars(nest: Stmt, fname: str = "?") -> tuple[dict[str, int], dict[str, Var]]:
+    """Give every loop bound to one axis the same variable; returns (axis -> largest extent, axis -> var).
+    Raises CompileError for a loop nested in a loop bound to the same axis."""
+    canon: dict[str, Var] = {}
+    dims: dict[str, int] = {}
+    mapping: dict[Var, Expr] = {}
+
+    def visit(s: Stmt, active: frozenset[str]) -> None:
+        if isinstance(s, For) and s.kind == "thread":
+            tag = s.thread or ""
+            if tag not in AXES:
+                raise CompileError(f"kernel {fname}: loop {s.var.name} is bound to unknown axis {tag!r}")
+            if tag in active:
+                raise CompileError(
+                    f"kernel {fname}: loop {s.var.name} is bound to {tag} inside another loop bound to {tag}"
+                )
+            var = canon.setdefault(tag, Var(VAR_NAMES[tag]))
+            if s.var is not var:
+                mapping[s.var] = var
+                s.var = var
+            dims[tag] = max(dims.get(tag, 1), s.extent)
+            active = active | {tag}
+        for c in _children(s):
+            visit(c, active)
+
+    visit(nest, frozenset())
+    for b in [*([nest] if isinstance(nest, Block) else []), *A.blocks_under(nest)]:
+        b.bindings = [substitute(e, mapping) for e in b.bindings]
+        if b.predicate is not None:
+            b.predicate = substitute(b.predicate, mapping)
+    return dims, canon
+
+
+def _children(s: Stmt) -> list[Stmt]:
+    from compiler.loopir.stmt import stmt_children
+
+    return stmt_children(s)
+
+
+def _lower_cross_thread(
+    root: Block, b: Block, dims: dict[str, int], canon: dict[str, Var], fname: str
+) -> None:
+    thread_vars = {v: tag for tag, v in canon.items() if is_thread_axis(tag)}
+    r_ivs = [(iv, e) for iv, e in zip(b.iter_vars, b.bindings) if iv.kind == "R"]
+    crossing = [(iv, e) for iv, e in r_ivs if free_vars(e) & thread_vars.keys()]
+    if not crossing:
+        return
+    where = f"kernel {fname}, block {b.name}"
+    if len(crossing) != len(r_ivs) or any(free_vars(e) - thread_vars.keys() for _, e in crossing):
+        raise CompileError(
+            f"{where}: a reduction over thread-bound and serial loops at once is not supported; "
+            "rfactor the thread-bound loop first"
+        )
+    if len(crossing) != 1 or crossing[0][1] is not canon.get("threadIdx.x"):
+        raise CompileError(
+            f"{where}: a cross-thread reduction must reduce over exactly one loop bound to threadIdx.x"
+        )
+    tx = canon["threadIdx.x"]
+    loops = [s for s in A.ancestors(root, b) if isinstance(s, For)]
+    own = next(lp for lp in loops if lp.var is tx)
+    ext, dx = own.extent, dims["threadIdx.x"]
+    if ext != dx:
+        raise CompileError(
+            f"{where}: the cross-thread reduction runs over {ext} threads but the block has {dx} threads on "
+            "threadIdx.x; every threadIdx.x loop of this kernel must have the same extent"
+        )
+    if not (ext <= WARP and ext & (ext - 1) == 0) and ext % WARP:
+        raise CompileError(
+            f"{where}: {ext} threads: a cross-thread reduction needs a power of two up to 32 "
+            "or a multiple of 32"
+        )
+    others = []
+    for tag in ("threadIdx.z", "threadIdx.y"):
+        if dims.get(tag, 1) > 1:
+            lp = next((x for x in loops if x.thread == tag), None)
+            if lp is None or lp.extent != dims[tag]:
+                raise CompileError(f"{where}: the reduction must lie inside a full loop bound to {tag}")
+            others.append((lp.var, dims[tag]))
+    if any(lp.kind == "thread" and lp.extent != dims.get(lp.thread or "", lp.extent) for lp in loops):
+        raise CompileError(f"{where}: a cross-thread reduction cannot run inside a partial thread loop")
+    st = b.body
+    if not (
+        isinstance(st, BufferStore)
+        and isinstance(st.value, Binary)
+        and st.value.op in _COMBINER_OF
+        and isinstance(st.value.a, Load)
+        and st.value.a.buffer is st.buffer
+    ):
+        raise CompileError(f"{where}: a cross-thread reduction must be a plain sum/max/min")
+    comb, src, buf, idx = _COMBINER_OF[st.value.op], st.value.b, st.buffer, st.indices
+    dtype = buf.dtype
+    if dtype not in ("float32", "float64", "int32"):
+        raise CompileError(f"{where}: cross-thread reductions support float32/float64/int32, not {dtype}")
+    ident = reduce_identity(comb, dtype)
+    t = Buffer(f"{buf.name}_red", (1,), dtype, "local")
+    zero = (const(0),)
+    cur = Load(t, zero)
+    conj = _conjuncts(b.predicate) if b.predicate is not None else []
+    value = select(logical_and(*conj), src, ident) if conj else src
+    stmts: list[Stmt] = [
+        BufferStore(t, zero, value),
+        BufferStore(t, zero, _warp(comb, cur, min(ext, WARP))),
+    ]
+    new_allocs = [t]
+    if ext > WARP:
+        nw = ext // WARP
+        width = 1 << (nw - 1).bit_length()
+        shared = Buffer(f"{buf.name}_warps", (*(n for _, n in others), nw), dtype, "shared")
+        lead = tuple(v for v, _ in others)
+        lane = tx % WARP
+        stmts.append(IfThenElse(lane.eq(0), BufferStore(shared, (*lead, tx // WARP), cur)))
+        stmts.append(Barrier())
+        slot = tx % width
+        part: Expr = Load(shared, (*lead, slot))
+        if width != nw:
+            part = select(slot.lt(nw), part, ident)
+        stmts.append(BufferStore(t, zero, _warp(comb, part, width)))
+        stmts.append(Barrier())
+        new_allocs.append(shared)
+    final = cur if b.init is not None else combine(comb, Load(buf, idx), cur)
+    guard = [c for c in conj if tx not in free_vars(c)]
+    if buf.scope != "local":
+        guard.append(tx.eq(0))
+    store: Stmt = BufferStore(buf, idx, final)
+    stmts.append(IfThenElse(logical_and(*guard), store) if guard else store)
+    new = Block(
+        b.name,
+        [IterVar(iv.var, iv.extent, "S") for iv in b.iter_vars],
+        list(b.bindings),
+        seq(*stmts),
+        None,
+        None,
+        list(b.alloc_buffers),
+        {**b.annotations, "cross_thread": comb},
+    )
+    A.replace_child(A.parent_map(root)[id(b)], b, new)
+    root.alloc_buffers.extend(new_allocs)
+
+
+def _warp(comb: str, value: Expr, width: int) -> Expr:
+    return Call(f"warp_reduce_{comb}", (value, const(width)), value.dtype)
+
+
+def _conjuncts(e: Expr) -> list[Expr]:
+    if isinstance(e, Logical) and e.op == "and":
+        return _conjuncts(e.a) + _conjuncts(e.b)  # type: ignore[arg-type]
+    return [e]
+
+
+# ======================================================================== finish
+def kernel_parts(body: Stmt) -> list[Stmt]:
+    """The kernels of a lowered GPU function body: each top-level statement, wrapped in the
+    function-level allocations it uses."""
+    allocs: list[Buffer] = []
+    s = body
+    while isinstance(s, Allocate):
+        allocs.append(s.buffer)
+        s = s.body
+    stmts = s.stmts if isinstance(s, SeqStmt) else [s]
+    parts = []
+    for x in stmts:
+        used = _buffers_used(x)
+        for buf in reversed(allocs):
+            if buf.uid in used:
+                x = Allocate(buf, x)
+        parts.append(x)
+    return parts
+
+
+def _buffers_used(s: Stmt) -> set[int]:
+    out: set[int] = set()
+    for x in walk_stmts(s):
+        for e in stmt_exprs(x):
+            out.update(ld.buffer.uid for ld in walk(e) if isinstance(ld, Load))
+        if isinstance(x, BufferStore):
+            out.add(x.buffer.uid)
+    return out
+
+
+def stmt_exprs(s: Stmt) -> list[Expr]:
+    if isinstance(s, BufferStore):
+        return [*s.indices, s.value]
+    if isinstance(s, IfThenElse):
+        return [s.cond]
+    if isinstance(s, Evaluate):
+        return [s.expr]
+    return []
+
+
+def finish(func: PrimFunc) -> PrimFunc:
+    """Guard single-thread stores, insert barriers and record the launch shape of every kernel."""
+    from compiler.backends.cuda import pipeline as lower_cuda_pipeline
+    from compiler.backends.cuda.sync import insert_barriers
+
+    parts = []
+    for part in kernel_parts(func.body):
+        dims = thread_dims(part)
+        if not any(tag.startswith("blockIdx") for tag in dims):  # one block: a grid of extent 1
+            part = For(Var("bx"), 1, part, "thread", "blockIdx.x")
+        part = lower_cuda_pipeline.apply(part)
+        part = _guard_stores(part, dims, frozenset())
+        part = insert_barriers(part, dims)
+        parts.append(part)
+    body = seq(*parts) if len(parts) > 1 else parts[0]
+    out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+    launches = [launch_info(p) for p in parts]
+    out.attrs["launches"] = launches
+    out.attrs["launch"] = launches[0]
+    return out
+
+
+def thread_dims(s: Stmt) -> dict[str, int]:
+    """Axis -> largest extent of the loops bound to it under ``s``."""
+    dims: dict[str, int] = {}
+    for x in walk_stmts(s):
+        if isinstance(x, For) and x.kind == "thread" and x.thread:
+            dims[x.thread] = max(dims.get(x.thread, 1), x.extent)
+    return dims
+
+
+def launch_info(part: Stmt) -> dict:
+    """Grid, block and static shared-memory bytes of one kernel."""
+    dims = thread_dims(part)
+    grid = [dims.get(f"blockIdx.{a}", 1) for a in "xyz"]
+    block = [dims.get(f"threadIdx.{a}", 1) for a in "xyz"]
+    shared = sum(
+        _align(x.buffer.nbytes, 16)
+        for x in walk_stmts(part)
+        if isinstance(x, Allocate) and x.buffer.scope == "shared"
+    )
+    return {"grid": grid, "block": block, "shared_bytes": shared}
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _guard_stores(s: Stmt, dims: dict[str, int], inside: frozenset[str]) -> Stmt:
+    """Stores to shared/global memory outside a loop of a used thread axis run on thread 0 of it."""
+    if isinstance(s, BufferStore):
+        if s.buffer.scope == "local":
+            return s
+        out: Stmt = s
+        for tag in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
+            if dims.get(tag, 1) > 1 and tag not in inside:
+                out = For(Var(f"{VAR_NAMES[tag]}0"), 1, out, "thread", tag)
+        return out
+    if isinstance(s, SeqStmt):
+        return SeqStmt([_guard_stores(x, dims, inside) for x in s.stmts])
+    if isinstance(s, For):
+        inner = inside | {s.thread} if s.kind == "thread" and s.thread else inside
+        return For(s.var, s.extent, _guard_stores(s.body, dims, inner), s.kind, s.thread, s.annotations)
+    if isinstance(s, IfThenElse):
+        return IfThenElse(
+            s.cond,
+            _guard_stores(s.then, dims, inside),
+            _guard_stores(s.else_, dims, inside) if s.else_ is not None else None,
+        )
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _guard_stores(s.body, dims, inside))
+    return s
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))

@@ -1,0 +1,250 @@
+"""Build generated CUDA with NVRTC (through CuPy) or check it with nvcc; launch kernels.
+
+* :func:`build` compiles a translation unit for the target's ``sm_XY`` with NVRTC and returns a
+  :class:`CudaModule`. Modules are cached in memory (per process) and cubins on disk in
+  ``$KILN_CACHE_DIR/cuda`` (default ``~/.cache/kiln/cuda``), keyed by sha256 of the source, the arch,
+  the options and ``CODEGEN_VERSION``; files are written atomically (temp file, ``os.replace``).
+  When CuPy's low-level NVRTC binding is not available the module is compiled by ``cupy.RawModule``
+  (which keeps its own disk cache).
+* A compile failure is a CompileError naming the kernel(s) the compiler complained about and quoting
+  its own lines.
+* :func:`nvcc_check` compiles with ``nvcc -cubin -arch=sm_XY -Xptxas -v`` and returns each kernel's
+  registers, spills and shared memory: the check CI runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compiler.backends.cuda.codegen import CODEGEN_VERSION
+from compiler.backends.cuda.device import require_cupy
+from compiler.errors import CompileError
+
+NVRTC_OPTIONS = ("--std=c++17",)
+NVCC = os.environ.get("KILN_NVCC", "nvcc")
+
+_modules: dict[str, CudaModule] = {}
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "cuda"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def cache_key(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> str:
+    h = hashlib.sha256()
+    for part in (source, arch, " ".join(options), CODEGEN_VERSION):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ errors
+def kernel_spans(source: str) -> list[tuple[int, str]]:
+    """(first line, name) of every ``__global__`` kernel in ``source``."""
+    spans = []
+    for i, line in enumerate(source.splitlines(), start=1):
+        m = re.search(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", line)
+        if m:
+            spans.append((i, m.group(1)))
+    return spans
+
+
+def error_message(tool: str, source: str, log: str, arch: str) -> str:
+    """``tool failed to compile kernel(s) A, B (sm_90):`` followed by the compiler's error lines."""
+    spans = kernel_spans(source)
+    names: list[str] = []
+    lines: list[str] = []
+    for line in log.splitlines():
+        m = re.search(r"\((\d+)\): (catastrophic )?error", line)
+        if m or "error" in line:
+            lines.append(line.strip())
+        if m:
+            lineno = int(m.group(1))
+            owner = [n for start, n in spans if start <= lineno]
+            name = owner[-1] if owner else "prelude"
+            if name not in names:
+                names.append(name)
+    quoted = "\n".join(lines[:30]) or log.strip()[-3000:]
+    what = ", ".join(names) if names else "(unknown kernel)"
+    return f"{tool} failed to compile kernel(s) {what} ({arch}):\n{quoted}"
+
+
+# ------------------------------------------------------------------- NVRTC
+class CudaModule:
+    """A loaded CUDA module; ``function(name)`` is a ``cupy.RawKernel``."""
+
+    def __init__(self, raw: Any, key: str) -> None:
+        self.raw = raw
+        self.key = key
+        self._fns: dict[str, Any] = {}
+
+    def function(self, name: str) -> Any:
+        fn = self._fns.get(name)
+        if fn is None:
+            try:
+                fn = self.raw.get_function(name)
+            except Exception as exc:
+                raise CompileError(f"kernel {name!r} is not in the built CUDA module: {exc}") from exc
+            self._fns[name] = fn
+        return fn
+
+
+def build(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> CudaModule:
+    """Compile ``source`` for ``arch`` (``sm_90``) with NVRTC, or fetch it from the caches."""
+    cp = require_cupy("building CUDA kernels")
+    key = cache_key(source, arch, options)
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    path = cache_dir() / f"{key[:32]}.cubin"
+    if not path.exists():
+        cubin = _nvrtc_cubin(source, arch, options)
+        if cubin is not None:
+            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}-", suffix=".cubin", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(cubin)
+            os.replace(tmp, path)
+    if path.exists():
+        raw = cp.RawModule(path=str(path))
+    else:  # no low-level NVRTC binding: let CuPy compile (and cache) the source
+        raw = cp.RawModule(code=source, options=(*options, f"-arch={arch}"), backend="nvrtc")
+        try:
+            raw.compile()
+        except Exception as exc:
+            raise CompileError(error_message("NVRTC", source, str(exc), arch)) from None
+    mod = _modules[key] = CudaModule(raw, key)
+    return mod
+
+
+def _nvrtc_cubin(source: str, arch: str, options: tuple[str, ...]) -> bytes | None:
+    """A cubin from CuPy's NVRTC binding; None when the binding is not there."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except Exception:
+        return None
+    if not all(hasattr(nvrtc, f) for f in ("createProgram", "compileProgram", "getCUBIN", "getProgramLog")):
+        return None
+    prog = nvrtc.createProgram(source, "kiln.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*options, f"--gpu-architecture={arch}"])
+        except Exception as exc:
+            try:
+                log = nvrtc.getProgramLog(prog)
+            except Exception:
+                log = str(exc)
+            raise CompileError(error_message("NVRTC", source, log, arch)) from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        with contextlib.suppress(Exception):
+            nvrtc.destroyProgram(prog)
+
+
+def launch(fn: Any, launch_info: dict[str, Any], args: tuple) -> None:
+    """Launch one kernel on the current stream with the grid/block/shared memory of ``launch_info``."""
+    dyn = int(launch_info.get("dynamic_shared_bytes", 0))
+    fn(tuple(launch_info["grid"]), tuple(launch_info["block"]), args, shared_mem=dyn)
+
+
+def prepare_kernel(fn: Any, name: str, launch_info: dict[str, Any]) -> None:
+    """Opt a kernel into its dynamic shared memory (beyond 48 KiB) and check its resources."""
+    dyn = int(launch_info.get("dynamic_shared_bytes", 0))
+    if dyn:
+        fn.max_dynamic_shared_size_bytes = dyn
+    check_resources(fn, name, launch_info)
+
+
+def check_resources(fn: Any, name: str, launch_info: dict[str, Any]) -> None:
+    """The block size must fit what the compiled kernel allows (registers per thread x threads)."""
+    try:
+        attrs = fn.attributes
+    except Exception:
+        return
+    threads = launch_info["block"][0] * launch_info["block"][1] * launch_info["block"][2]
+    limit = int(attrs.get("max_threads_per_block", threads))
+    if threads > limit:
+        raise CompileError(
+            f"kernel {name} uses {attrs.get('num_regs', '?')} registers per thread: "
+            f"at most {limit} threads per "
+            f"block, but it is launched with {threads}"
+        )
+
+
+# -------------------------------------------------------------------- nvcc
+@dataclass
+class KernelResources:
+    name: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared_bytes: int
+    stack_bytes: int
+
+
+def nvcc_available() -> bool:
+    return shutil.which(NVCC) is not None
+
+
+def nvcc_check(
+    source: str, arch: str = "sm_90", workdir: str | Path | None = None
+) -> dict[str, KernelResources]:
+    """Compile ``source`` with ``nvcc -cubin`` and return each kernel's resource usage (ptxas -v)."""
+    if not nvcc_available():
+        raise CompileError(f"nvcc ({NVCC}) is not installed")
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        cu = Path(d) / "kiln.cu"
+        cu.write_text(source)
+        proc = subprocess.run(
+            [
+                NVCC,
+                "-cubin",
+                f"-arch={arch}",
+                "--std=c++17",
+                "-Xptxas",
+                "-v",
+                "-o",
+                str(Path(d) / "kiln.cubin"),
+                str(cu),
+            ],
+            capture_output=True,
+            text=True,
+        )
+    if proc.returncode != 0:
+        raise CompileError(error_message("nvcc", source, proc.stderr.replace(str(cu), "kiln.cu"), arch))
+    return parse_ptxas(proc.stderr)
+
+
+def parse_ptxas(log: str) -> dict[str, KernelResources]:
+    out: dict[str, KernelResources] = {}
+    current = None
+    spill = (0, 0, 0)
+    for line in log.splitlines():
+        m = re.search(r"Function properties for (\w+)", line) or re.search(
+            r"Compiling entry function '(\w+)'", line
+        )
+        if m:
+            current = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            spill = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            smem = re.search(r"(\d+) bytes smem", line)
+            out[current] = KernelResources(
+                current, int(m.group(1)), spill[1], spill[2], int(smem.group(1)) if smem else 0, spill[0]
+            )
+            spill = (0, 0, 0)
+    return out

@@ -1,0 +1,222 @@
+"""The CUDA build of the reduction sketch: one kernel per group, one thread block per ``rows_per_block``
+rows (softmax, layer_norm, rms_norm, row sums and means ...), the design's "softmax on the GPU" example.
+
+Row form (reduced axes trailing), knobs ``threads_per_row`` (T), ``rows_per_block`` (R), ``vector`` (V),
+``keep_row``, ``unroll`` (U)::
+
+    blockIdx.x rb                                   rows rb*R .. rb*R+R-1
+      threadIdx.y ry                                one row per y (when R > 1)
+        threadIdx.x tx: [keep_row=registers] x_local[c][v] = x[row, (c*T + tx)*V + v]   (float4 loads)
+        for each reduction:                         rfactor over tx
+          threadIdx.x tx: part = identity; for c, v: part = op(part, f(x[row, (c*T + tx)*V + v]))
+          threadIdx.x tx (cross-thread): red = all-reduce(part)     (warp shuffles + shared memory)
+        threadIdx.x tx: for c, v: out[row, (c*T + tx)*V + v] = epilogue(x, red...)
+
+Every thread ends a reduction with the row's value in a register (an all-reduce), so the epilogue and
+later reductions read it without another barrier. ``keep_row=registers`` reads the row from global
+memory once into C*V registers per thread (C = ceil(N / (T*V))); it is used when C*V <= 64 and C <= 32,
+otherwise the row is re-read (from L1/L2) by each pass. Reductions that are not over trailing axes run one
+output element per thread with serial reductions.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.backends.cuda.sketches.common import is_param, localize, share_cache
+from compiler.backends.sketch import Config
+from compiler.errors import ScheduleError
+from compiler.fusion import Group
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import free_vars
+from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Block, For
+from compiler.target import Target
+from compiler.te import lower as te_lower
+from compiler.te_ops import graph_to_te
+
+MAX_ROW_REGISTERS = 64  # floats of the row one thread may keep in registers
+SIMPLE_THREADS = 128
+
+
+def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -> Schedule:
+    """Schedule ``group`` (a reduction group) for the GPU with ``config`` (already checked)."""
+    from compiler.backends.cpu.sketches.reduction import _reduce_info, row_form, row_length
+
+    sch = Schedule(te_lower(graph_to_te(group.subgraph, group.name)))
+    outs = {id(b) for b in sch.func.outputs}
+    for b in list(sch.blocks()):
+        if b.is_reduction or any(id(w) in outs for w in A.writes(b)):
+            continue
+        sch.compute_inline(b)
+    out_blocks = [b for b in sch.blocks() if any(id(w) in outs for w in A.writes(b))]
+    main = out_blocks[-1]
+    for b in out_blocks[:-1]:
+        if not _reaches(sch, b, main):
+            raise ScheduleError(
+                f"reduction (cuda): output {A.writes(b)[0].name} does not feed the last output"
+            )
+    shape, axes = _reduce_info(group)
+    loops = sch.get_loops(main)
+    n_sp = sum(1 for iv in main.iter_vars if iv.kind == "S")
+    spatial = loops[:n_sp]
+    if not row_form(group):
+        return _per_element(sch, main, spatial, config)
+    n_row = len(shape) - len(axes)
+    full = A.writes(main)[0].shape == tuple(shape) and len(spatial) == len(shape) and not main.is_reduction
+    row_loops = spatial[:n_row] if full else spatial
+    col_loops = spatial[n_row:] if full else []
+    if not row_loops:
+        raise ScheduleError("reduction (cuda): a reduction of every axis (no rows) has no CUDA schedule")
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    for b in reversed([b for b in sch.blocks() if b is not main]):
+        if _reaches(sch, b, main):
+            sch.compute_at(b, row)
+    col = (sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]) if col_loops else None
+    t, rpb, v, u = config["threads_per_row"], config["rows_per_block"], config["vector"], config["unroll"]
+    steps = -(-row_length(group) // (t * v))
+    registers = config["keep_row"] == "registers" and steps * v <= MAX_ROW_REGISTERS and steps <= 32
+    rb, ry = sch.split(row, [None, rpb])
+    sch.bind(rb, "blockIdx.x")
+    if rpb > 1:
+        sch.bind(ry, "threadIdx.y")
+    if registers:
+        _keep_row(sch, ry, tuple(shape), t, v)
+    for b in [b for b in sch.blocks() if b.is_reduction]:
+        _cross_thread(sch, b, ry, t, v, u, registers)
+    if col is not None:
+        _, step, lane = _map_cols(sch, col, t, v)
+        if v > 1:
+            sch.vectorize(lane)
+        _steps(sch, step, u, registers)
+    localize(sch)
+    return sch
+
+
+def _steps(sch: Schedule, step: For, u: int, full: bool) -> None:
+    """Unroll the per-thread step loop fully (registers: constant indices) or by ``u``."""
+    if full:
+        if step.extent > 1:
+            sch.unroll(step)
+        return
+    if u > 1 and step.extent > 1:
+        _, inner = sch.split(step, [None, u])
+        sch.unroll(inner)
+
+
+def _map_cols(sch: Schedule, loop: For, t: int, v: int) -> tuple[For, For, For]:
+    """col = (step * T + tx) * V + lane; returns (tx, step, lane), tx outermost and bound to threadIdx.x
+    (consecutive threads read consecutive vectors)."""
+    chunk, lane = sch.split(loop, [None, v])
+    step, tx = sch.split(chunk, [None, t])
+    sch.reorder(tx, step)
+    if not _drives_any_reduce(sch, tx):
+        sch.bind(tx, "threadIdx.x")
+    return tx, step, lane
+
+
+def _drives_any_reduce(sch: Schedule, loop: For) -> bool:
+    return any(_drives(b, loop) for b in A.blocks_under(loop))
+
+
+def _cross_thread(sch: Schedule, b: Block, row: For, t: int, v: int, u: int, registers: bool) -> None:
+    """rfactor the row reduction of ``b`` over T threads, then all-reduce the partial results."""
+    rloops = [lp for lp in sch.get_loops(b) if _drives(b, lp)]
+    k = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
+    tx, step, lane = _map_cols(sch, k, t, v)
+    rf = sch.rfactor(tx)
+    sch.bind(tx, "threadIdx.x")
+    if v > 1:
+        sch.unroll(lane)
+    wb = sch.get_block(b.name)
+    if sch.consumers(A.writes(wb)[0]):
+        sch.compute_at(wb, row)
+    else:
+        sch.reverse_compute_at(wb, row)
+    wb_loop = next(lp for lp in sch.get_loops(wb) if _drives(wb, lp))
+    sch.bind(wb_loop, "threadIdx.x", allow_reduce=True)
+    step_loop = next(lp for lp in sch.get_loops(rf) if lp.var is step.var)
+    sch.decompose_reduction(rf, step_loop)
+    _steps(sch, step_loop, u, registers)
+    sch.set_scope(A.writes(rf)[0], "local")
+
+
+def _drives(b: Block, lp: For) -> bool:
+    return any(iv.kind == "R" and lp.var in free_vars(e) for iv, e in zip(b.iter_vars, b.bindings))
+
+
+def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int) -> None:
+    """Load the row input once into registers: one local copy laid out [.., T, C, V] (a [C, V] tile per
+    thread after compaction), read by every reduction and the epilogue."""
+    readers: dict[int, list[Block]] = {}
+    for b in sch.blocks():
+        for r in A.reads(b):
+            if is_param(sch, r) and r.shape == shape:
+                readers.setdefault(r.uid, []).append(b)
+    if not readers:
+        return
+    users = max(readers.values(), key=len)
+    src = next(r for r in A.reads(users[0]) if r.uid in readers and readers[r.uid] is users)
+    copy = sch.cache_read(users[0], src, "local")
+    share_cache(sch, copy, src, users[1:])
+    sch.compute_at(copy, row)
+    loops = sch.get_loops(copy)
+    own = loops[loops.index(row) + 1 :]
+    if not own:
+        return
+    col = sch.fuse(*own) if len(own) > 1 else own[0]
+    n = col.extent
+    _, step, lane = _map_cols(sch, col, t, v)
+    if v > 1:
+        sch.vectorize(lane)
+    if step.extent > 1:
+        sch.unroll(step)
+    cache = A.writes(copy)[0]
+    ncol = len(own)
+    lead = cache.shape[: len(cache.shape) - ncol]
+    if math.prod(cache.shape[len(lead) :]) != n:
+        return
+    steps = -(-n // (t * v))
+
+    def index_map(*idx):
+        flat = idx[len(lead)]
+        for d in range(len(lead) + 1, len(idx)):
+            flat = flat * cache.shape[d] + idx[d]
+        return [*idx[: len(lead)], (flat // v) % t, flat // (t * v), flat % v]
+
+    sch.transform_layout(cache, index_map, [*lead, t, steps, v])
+
+
+def _per_element(sch: Schedule, main: Block, spatial: list[For], config: Config) -> Schedule:
+    """One output element per thread; the reductions run serially inside (non-trailing axes)."""
+    threads = max(32, min(1024, config["threads_per_row"] * config["rows_per_block"]))
+    if not spatial:
+        raise ScheduleError("reduction (cuda): a reduction of every axis (no rows) has no CUDA schedule")
+    f = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    threads = min(threads, max(32, 1 << (f.extent - 1).bit_length()))
+    bx, tx = sch.split(f, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    for b in reversed([b for b in sch.blocks() if b is not main]):
+        if _reaches(sch, b, main):
+            sch.compute_at(b, tx)
+    if main.is_reduction and main.init is not None:
+        loops = sch.get_loops(main)
+        rl = [lp for lp in loops if _drives(main, lp)]
+        if rl:
+            sch.decompose_reduction(main, rl[0])
+    localize(sch)
+    return sch
+
+
+def _reaches(sch: Schedule, src: Block, dst: Block) -> bool:
+    """Whether ``dst`` reads, directly or through other blocks, what ``src`` writes."""
+    frontier = {w.uid for w in A.writes(src)}
+    for b in sch.blocks():  # program order is a topological order
+        if b is src:
+            continue
+        if any(r.uid in frontier for r in A.reads(b)):
+            if b is dst:
+                return True
+            frontier.update(w.uid for w in A.writes(b))
+    return False

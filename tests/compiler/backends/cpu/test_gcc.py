@@ -1,0 +1,95 @@
+"""The gcc kernel cache: hits, concurrent builders, compile errors that name the kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler.backends.cpu import gcc as cbuild
+from compiler.errors import CompileError
+
+ROOT = Path(__file__).resolve().parents[4]
+SMALL = (
+    "void add_one(const float* restrict x, float* restrict y) {\n"
+    "  for (int i = 0; i < 64; ++i) y[i] = x[i] + 1;\n}\n"
+)
+
+
+def test_cache_hit_does_not_run_gcc(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    t0 = time.perf_counter()
+    first = cbuild.compile_source(SMALL + "// hit\n")
+    cold = time.perf_counter() - t0
+    assert first.exists() and first.parent == tmp_path
+    assert (tmp_path / (first.stem + ".c")).read_text() == SMALL + "// hit\n"
+
+    def no_gcc(*args, **kwargs):
+        raise AssertionError("gcc ran on a cache hit")
+
+    monkeypatch.setattr(cbuild.subprocess, "run", no_gcc)
+    t0 = time.perf_counter()
+    assert cbuild.compile_source(SMALL + "// hit\n") == first
+    assert time.perf_counter() - t0 < cold
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_key_covers_flags_and_source():
+    assert cbuild.cache_key(SMALL) != cbuild.cache_key(SMALL + " ")
+    assert cbuild.cache_key(SMALL) != cbuild.cache_key(SMALL, (*cbuild.FLAGS, "-g"))
+
+
+BUILDER = """
+import sys
+from compiler.backends.cpu import gcc as cbuild
+lib = cbuild.build(sys.argv[1])
+print(lib.path)
+"""
+
+
+def test_two_processes_build_the_same_kernel(tmp_path):
+    source = (
+        SMALL
+        + "// concurrent\n"
+        + "\n".join(f"static int pad{i}(int x) {{ return x + {i}; }}" for i in range(300))
+    )
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BUILDER, source], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(paths) == 1
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".c", ".so"]
+
+
+def test_compile_error_names_the_kernel_and_quotes_gcc(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    bad = SMALL + "void broken_kernel(float* restrict y) {\n  y[0] = undefined_thing;\n}\n"
+    with pytest.raises(CompileError) as info:
+        cbuild.compile_source(bad)
+    msg = str(info.value)
+    assert "broken_kernel" in msg and "add_one" not in msg
+    assert "undefined_thing" in msg and "error" in msg
+    assert list(tmp_path.iterdir()) == []  # nothing half-written stays behind
+
+
+def test_library_functions_and_threads(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    import numpy as np
+
+    src = SMALL + "extern void omp_set_num_threads(int);\n"
+    src += "void kiln_set_num_threads(int n) { omp_set_num_threads(n); }\n"
+    lib = cbuild.build(src)
+    lib.set_num_threads(1)
+    x = np.arange(64, dtype=np.float32)
+    y = np.empty_like(x)
+    lib.function("add_one", 2)(x.ctypes.data, y.ctypes.data)
+    assert (y == x + 1).all()
+    with pytest.raises(CompileError, match="no_such_kernel"):
+        lib.function("no_such_kernel")

@@ -1,0 +1,165 @@
+"""Property tests: for every sketch, a config drawn at random from its space on a random small shape is
+either rejected up front by ``check`` or, once built, lowered and interpreted, computes the reference."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compiler.backends.registry import sketch_for
+from compiler.fusion import fuse
+from compiler.graph import Graph
+from compiler.layouts import apply_input_layouts
+from compiler.loopir import evaluate, lower_func
+from compiler.passes import optimize
+from compiler.reference import run_reference
+from compiler.target import Target
+from tests.compiler.property_graphs import (
+    EPILOGUES,
+    REDUCERS,
+    UNARY,
+    batch_matmul_graph,
+    conv_graph,
+    inputs_for,
+    legal_configs,
+    matmul_graph,
+    pointwise_graph,
+    pooling_graph,
+    reduction_graph,
+)
+
+CPU = Target.host()
+SETTINGS = settings(
+    max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", "30")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def check_all_groups(graph: Graph, data: st.DataObject, kind: str) -> None:
+    for group, sketch, config in legal_configs(graph, data, kind, CPU):
+        sch = sketch.build(group, config, CPU)  # must not fail for a config that passed check
+        func = lower_func(sch.func)
+        ins = inputs_for(group)
+        outs = evaluate(func, apply_input_layouts(func.attrs, ins))
+        refs = run_reference(group.subgraph, ins)
+        for o, r in zip(outs, refs):
+            o64, r64 = o.astype(np.float64), r.astype(np.float64)
+            finite = np.isfinite(r64)
+            same_special = (o64[~finite] == r64[~finite]) | (np.isnan(o64[~finite]) & np.isnan(r64[~finite]))
+            assert same_special.all(), f"{sketch.name} {config}: inf/nan positions differ\n{sch.show_trace()}"
+            scale = max(1.0, float(np.abs(r64[finite]).max(initial=0.0)))
+            err = float(np.abs(o64[finite] - r64[finite]).max(initial=0.0))
+            assert err <= 2e-5 * scale, f"{sketch.name} {config}: max err {err}\n{sch.show_trace()}"
+
+
+@SETTINGS
+@given(
+    rows=st.integers(1, 5),
+    cols=st.sampled_from([1, 3, 4, 8, 12, 16, 32]),
+    ops=st.lists(st.sampled_from(UNARY), min_size=1, max_size=3),
+    bias=st.booleans(),
+    three_d=st.booleans(),
+    data=st.data(),
+)
+def test_pointwise(rows, cols, ops, bias, three_d, data):
+    check_all_groups(pointwise_graph(rows, cols, ops, bias, three_d), data, "pointwise")
+
+
+@SETTINGS
+@given(
+    hw=st.integers(3, 7),
+    k=st.integers(1, 3),
+    s=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    avg=st.booleans(),
+    incl=st.booleans(),
+    data=st.data(),
+)
+def test_pooling(hw, k, s, pad, avg, incl, data):
+    check_all_groups(pooling_graph(hw, k, s, pad, avg, incl), data, "pointwise")
+
+
+@SETTINGS
+@given(
+    op=st.sampled_from(REDUCERS),
+    rows=st.integers(1, 4),
+    cols=st.sampled_from([4, 8, 12, 16, 32, 48, 64]),
+    lead=st.booleans(),
+    axis0=st.booleans(),
+    data=st.data(),
+)
+def test_reduction(op, rows, cols, lead, axis0, data):
+    check_all_groups(reduction_graph(op, rows, cols, lead, axis0), data, "reduction")
+
+
+@SETTINGS
+@given(
+    m=st.integers(1, 12),
+    n=st.integers(1, 20),
+    k=st.integers(1, 9),
+    ta=st.booleans(),
+    tb=st.booleans(),
+    epilogue=st.sampled_from(EPILOGUES),
+    weight=st.booleans(),
+    data=st.data(),
+)
+def test_matmul(m, n, k, ta, tb, epilogue, weight, data):
+    # a constant weight can be pre-packed at compile time (pack_b=2), a runtime input cannot
+    check_all_groups(matmul_graph(m, n, k, ta, tb, epilogue, weight), data, "contraction")
+
+
+@SETTINGS
+@given(
+    batch=st.sampled_from([(1,), (3,), (2, 2)]),
+    m=st.integers(1, 8),
+    n=st.integers(1, 12),
+    k=st.integers(1, 6),
+    tb=st.booleans(),
+    bcast=st.booleans(),
+    data=st.data(),
+)
+def test_batch_matmul(batch, m, n, k, tb, bcast, data):
+    check_all_groups(batch_matmul_graph(batch, m, n, k, tb, bcast), data, "contraction")
+
+
+@SETTINGS
+@given(
+    c=st.integers(1, 4),
+    o=st.sampled_from([2, 4, 8]),
+    hw=st.integers(3, 7),
+    k=st.integers(1, 3),
+    s=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    dil=st.integers(1, 2),
+    groups=st.sampled_from([1, 2]),
+    data=st.data(),
+)
+def test_conv2d(c, o, hw, k, s, pad, dil, groups, data):
+    check_all_groups(conv_graph(c, o, hw, k, s, pad, groups, dil), data, "contraction")
+
+
+@SETTINGS
+@given(m=st.integers(1, 16), k=st.integers(1, 9), data=st.data())
+def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
+    """Both operands are one buffer (x @ x^T): told apart by their side of the product, never packed."""
+    from compiler.builder import GraphBuilder
+
+    b = GraphBuilder("gram")
+    x = b.input("x", (m, k))
+    check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
+
+
+@pytest.mark.parametrize("kind", ["pointwise", "reduction", "contraction"])
+def test_defaults_pass_their_own_check(kind):
+    from compiler.frontend.models import MODELS
+
+    for spec in MODELS.values():
+        for group in fuse(optimize(spec.graph())).groups:
+            if group.kind == kind:
+                sk = sketch_for(group)
+                sk.check(group, sk.default(group, CPU), CPU)

@@ -1,0 +1,94 @@
+"""The cuda target without a GPU: Target.parse falls back to sm_90, models compile and save, running
+says what is missing; kiln show/compile/run; compiler error messages name the kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.backends.cuda.device import CudaUnavailable, current_cuda_target, require_cupy
+from compiler.backends.cuda.executor import CudaCompiledModel, load_compiled
+from compiler.backends.cuda.nvrtc import error_message, kernel_spans
+from compiler.build import compile as kiln_compile
+from compiler.builder import GraphBuilder
+from compiler.target import Target
+from tuner.cli import main
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """Behave as on a machine without CuPy (whatever this one has)."""
+    monkeypatch.setenv("KILN_DISABLE_CUPY", "1")
+    current_cuda_target.cache_clear()
+    yield
+    current_cuda_target.cache_clear()
+
+
+def test_target_parse_falls_back_to_an_h100(no_gpu):
+    t = Target.parse("cuda")
+    assert t.key == "cuda/sm_90/NVIDIA H100 80GB HBM3" and t.max_shared_bytes_optin == 227 * 1024
+
+
+def test_missing_cupy_says_how_to_install(no_gpu):
+    with pytest.raises(
+        CudaUnavailable,
+        match=r"needs CuPy and an NVIDIA GPU: CuPy is not installed: pip install 'kiln-tuner\[cuda\]'",
+    ):
+        require_cupy()
+
+
+def test_compile_for_cuda_saves_and_loads_without_a_gpu(no_gpu, tmp_path):
+    model = kiln_compile("mlp", "cuda")
+    assert isinstance(model, CudaCompiledModel)
+    assert model.source.count('extern "C" __global__') == 2
+    assert [launch.kernel for launch in model.launches] == ["g0_matmul", "g1_matmul"]
+    assert model.kernel_launches["g0_matmul"][0]["block"] == [16, 16, 1]
+    model.save(tmp_path / "m")
+    again = load_compiled(tmp_path / "m")
+    assert isinstance(again, CudaCompiledModel)
+    assert again.source == model.source and again.kernel_launches == model.kernel_launches
+    assert [b.to_json() for b in again.buffers] == [b.to_json() for b in model.buffers]
+    with pytest.raises(CudaUnavailable, match="kiln-tuner"):
+        again.run({"x": np.zeros((256, 784), np.float32)})
+
+
+def test_output_that_is_an_input_gets_a_gpu_copy_kernel(no_gpu):
+    b = GraphBuilder("passthrough")
+    x = b.input("x", (3, 40))
+    model = kiln_compile(b.build([b.relu(x), x]), "cuda")
+    assert "copy_out1(" in model.source and "threadIdx.x" in model.source.split("copy_out1(")[1]
+
+
+def test_kiln_show_code_for_cuda(capsys):
+    assert main(["show", "--model", "softmax", "--stage", "code", "--target", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert 'extern "C" __global__ void __launch_bounds__(32) g0_reduce_max(' in out
+    assert "__shfl_xor_sync" in out
+
+
+def test_kiln_compile_then_run_without_gpu(no_gpu, tmp_path, capsys):
+    assert main(["compile", "--model", "softmax", "--target", "cuda", "-o", str(tmp_path / "sm")]) == 0
+    assert "cuda/sm_90" in capsys.readouterr().out
+    assert (tmp_path / "sm" / "model.cu").exists()
+    assert main(["run", str(tmp_path / "sm")]) == 2
+    err = capsys.readouterr().err
+    assert "CuPy is not installed" in err and "pip install 'kiln-tuner[cuda]'" in err
+
+
+def test_compiler_errors_name_the_kernel():
+    source = "\n".join(
+        [
+            "// prelude",
+            'extern "C" __global__ void __launch_bounds__(32) first(float* x) {',
+            "  x[0] = 1.0f;",
+            "}",
+            'extern "C" __global__ void __launch_bounds__(64) second(float* x) {',
+            "  x[0] = undefined_thing;",
+            "}",
+        ]
+    )
+    assert kernel_spans(source) == [(2, "first"), (5, "second")]
+    log = 'kiln.cu(6): error: identifier "undefined_thing" is undefined\n1 error detected'
+    msg = error_message("NVRTC", source, log, "sm_90")
+    assert msg.startswith("NVRTC failed to compile kernel(s) second (sm_90):")
+    assert 'identifier "undefined_thing" is undefined' in msg

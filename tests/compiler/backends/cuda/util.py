@@ -1,0 +1,38 @@
+"""Helpers for the CUDA tests: schedule a group for the GPU and check it in the SIMT interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.backends.registry import sketch_for
+from compiler.fusion import Group
+from compiler.loopir import evaluate, lower_func
+from compiler.loopir.stmt import PrimFunc
+from compiler.reference import run_reference
+from compiler.target import Target
+from tests.compiler.property_graphs import inputs_for
+
+CUDA = Target.cuda()
+
+
+def lowered(group: Group, config: dict | None = None) -> PrimFunc:
+    sketch = sketch_for(group)
+    config = config if config is not None else sketch.default(group, CUDA)
+    return lower_func(sketch.build(group, config, CUDA).func)
+
+
+def check_group(group: Group, config: dict | None = None, tol: float = 2e-5) -> PrimFunc:
+    """Build ``group`` for CUDA with ``config``, interpret it and compare with the numpy reference."""
+    func = lowered(group, config)
+    ins = inputs_for(group)
+    outs = evaluate(func, ins)
+    refs = run_reference(group.subgraph, ins)
+    for o, r in zip(outs, refs):
+        o64, r64 = o.astype(np.float64), np.asarray(r, np.float64)
+        same = (o64 == r64) | (np.isnan(o64) & np.isnan(r64))  # equal infinities, NaN for NaN
+        finite = np.abs(r64[np.isfinite(r64)])
+        scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+        with np.errstate(invalid="ignore"):
+            err = float(np.where(same, 0.0, np.abs(o64 - r64)).max()) if o64.size else 0.0
+        assert err <= tol * scale, f"{group.name} {config}: max err {err}\n{func}"
+    return func
