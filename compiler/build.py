@@ -18,8 +18,9 @@ from typing import Any
 
 from compiler.backends.registry import Config, get_sketch, sketch_for
 from compiler.errors import KilnError, ScheduleError
+from compiler.frontend import load_model
 from compiler.fusion import FusedGraph, FusionPlan, Group, fuse
-from compiler.graph import Graph, Value
+from compiler.graph import Graph
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.passes import optimize
@@ -99,8 +100,6 @@ def plan_model(
     plan: FusionPlan | None = None,
 ) -> ModelPlan:
     """Everything up to code generation: optimized graph, groups, and one lowered kernel per group."""
-    from compiler.frontend import load_model
-
     graph = load_model(model) if isinstance(model, str) else model
     target = Target.parse(target)
     g = optimize(graph)
@@ -128,24 +127,16 @@ def plan_model(
     return ModelPlan(g, fused, target, kernels, views)
 
 
-def value_name(v: Value, fallback: str) -> str:
-    return v.name or fallback
-
 
 def compile(
     model: Graph | str,
     target: Target | str = "cpu",
-    db: Any = None,
     plan: FusionPlan | None = None,
     configs: ConfigSource | None = None,
 ):
-    """Compile a model (graph, built-in name or ONNX path) for ``target``. With ``db`` (a
-    TuningDatabase or URL), groups use their best valid tuning record for this target."""
+    """Compile a model (graph, built-in name or ONNX path) for ``target``. ``configs`` says which config
+    each group uses (``tuner.records.database_config_source(db)`` reads a tuning database); groups it
+    has nothing for use their sketch's default."""
     from compiler.runtime.assemble import assemble
 
-    if db is not None and configs is None:
-        from tuner.records import database_config_source
-
-        configs = database_config_source(db)
-    mplan = plan_model(model, target, configs, plan)
-    return assemble(mplan)
+    return assemble(plan_model(model, target, configs, plan))

@@ -52,9 +52,9 @@ def main() -> int:
     ap.add_argument("--out", help="write the markdown table here")
     args = ap.parse_args()
 
-    from compiler.build import compile as kiln_compile
     from compiler.frontend.models import get_model
     from compiler.reference import random_inputs, run_reference
+    from tuner.api import compile as kiln_compile
 
     rows = []
     peers_missing: set[str] = set()

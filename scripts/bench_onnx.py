@@ -9,7 +9,7 @@ ONNX file, then:
 1. tuned: ``kiln tune --model FILE.onnx --trials N --db URL`` per net (a subprocess, before any timing);
 2. loaded back from the file three ways: onnxruntime (an InferenceSession on the file, CPU provider,
    ORT_ENABLE_ALL, sequential, ``intra_op_num_threads`` = this machine's cores, as Kiln uses), Kiln with
-   default schedules, Kiln with the database's best records (``compile(graph, "cpu", db=...)``);
+   default schedules, Kiln with the database's best records (``tuner.api.compile(graph, "cpu", db=...)``);
 3. checked: onnxruntime against the numpy reference, both Kiln models against onnxruntime
    (max|err| <= 1e-4 * max(1, max|ref|));
 4. timed in one process, interleaved: every round times each contender (in a rotating order) for
@@ -183,10 +183,10 @@ def rounds_of(
 def bench_net(name: str, path: Path, url: str | None, args: argparse.Namespace) -> dict[str, Any]:
     import onnx
 
-    from compiler.build import compile as kiln_compile
     from compiler.frontend.onnx import load_onnx
     from compiler.reference import run_reference
     from tests.compiler.frontend.onnx_util import random_feeds
+    from tuner.api import compile as kiln_compile
 
     model = onnx.load(path)
     feeds = random_feeds(model, seed=0)
@@ -260,7 +260,7 @@ def render(rows: list[dict], args: argparse.Namespace, tune_s: dict[str, float],
         per = ", ".join(f"{k} {v:.0f} s" for k, v in tune_s.items())
         tuned_note = (
             f"Tuned: `{cmd}` per net ({sum(tune_s.values()) / 60:.1f} min of tuning in all: {per}), then "
-            f"`compile(graph, 'cpu', db=URL)`."
+            f"`tuner.api.compile(graph, 'cpu', db=URL)`."
         )
     elif args.db:
         tuned_note = f"Tuned: the records already in `{args.db}` (no tuning in this run)."

@@ -15,12 +15,12 @@ import warnings
 import numpy as np
 import pytest
 
-from compiler.build import compile as kiln_compile
 from compiler.frontend.models import get_model
 from compiler.reference import random_inputs, run_reference
 from compiler.target import Target
 from db.database import RecordIn, TuningDatabase
 from db.status import Status
+from tuner.api import compile as kiln_compile
 from tuner.task import extract_tasks
 
 CPU = Target.host()

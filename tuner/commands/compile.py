@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    from compiler.build import compile as kiln_compile
+    from tuner.api import compile as kiln_compile
 
     graph = load_model_arg(args)
     db = None

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from compiler.backends import get_backend
+from compiler.build import plan_model
+from compiler.fusion import fuse
+from compiler.passes import optimize
 from tuner.commands.common import add_model_arg, load_model_arg
 
-# stage name -> function(graph, args) -> text. Later stages (groups, loopir, code) register here.
+# stage name -> function(graph, args) -> text, in pipeline order
 STAGES: dict[str, Callable] = {}
 
 
@@ -26,21 +30,55 @@ def _graph(graph, args) -> str:
 
 @stage("decomposed")
 def _decomposed(graph, args) -> str:
-    from compiler.passes import optimize
-
     return str(optimize(graph))
 
 
-def _load_later_stages() -> None:
-    try:
-        import compiler.show_stages  # noqa: F401  (registers groups / loopir / code)
-    except ModuleNotFoundError as exc:
-        if exc.name != "compiler.show_stages":
-            raise
+def _groups_of(graph):
+    return fuse(optimize(graph))
+
+
+@stage("groups")
+def _groups(graph, args) -> str:
+    fused = _groups_of(graph)
+    out = [fused.summary(), ""]
+    for g in fused.groups:
+        if args.group is not None and g.index != args.group:
+            continue
+        head = f"// group {g.index}: {g.kind}" + (" (view: aliased, no kernel)" if g.is_view else "")
+        out += [head, f"// workload {g.workload_key}", str(g.subgraph), ""]
+    if fused.rejected:
+        out.append("fusion edges the rules wanted but could not take:")
+        out += [f"  {e}: {why}" for e, why in sorted(fused.rejected.items())]
+    return "\n".join(out)
+
+
+def _kernels(graph, args):
+    plan = plan_model(graph, args.target)
+    return [k for k in plan.kernels if args.group is None or k.group.index == args.group], plan
+
+
+@stage("loopir")
+def _loopir(graph, args) -> str:
+    kernels, _ = _kernels(graph, args)
+    out = []
+    for k in kernels:
+        out += [
+            f"// {k.name}: sketch {k.sketch} v{k.sketch_version}, config {k.config} ({k.origin})",
+            "// schedule:",
+            *("//   " + line for line in k.trace.splitlines()),
+            repr(k.func),
+            "",
+        ]
+    return "\n".join(out)
+
+
+@stage("code")
+def _code(graph, args) -> str:
+    kernels, plan = _kernels(graph, args)
+    return get_backend(plan.target).codegen([k.func for k in kernels], plan.target)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    _load_later_stages()
     p = subparsers.add_parser(
         "show",
         help="print a model at a compilation stage",

@@ -145,8 +145,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def _whole_model_summary(graph, target, db) -> None:
     """Whole-model latency, default vs tuned, measured on compiled models."""
-    from compiler.build import compile as kiln_compile
     from compiler.reference import random_inputs
+    from tuner.api import compile as kiln_compile
 
     if target.kind != "cpu":
         return

@@ -1,0 +1,82 @@
+"""The Backend interface: everything that differs between compilation targets.
+
+A backend is one folder under ``compiler/backends/`` (``cpu/``, ``cuda/``) whose ``backend.py`` defines a
+:class:`Backend` subclass named in ``BACKEND``. Everything else in the compiler — graph, passes, fusion,
+tensor expressions, loop IR and its primitives, memory planning, the executor core, save/load — is shared
+and never asks which target it is compiling for; it asks the backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from compiler.errors import KilnError
+
+if TYPE_CHECKING:
+    from compiler.backends.sketch import Sketch
+    from compiler.fusion import Group
+    from compiler.loopir.stmt import PrimFunc
+    from compiler.runtime.executor import CompiledModel
+    from compiler.target import Target
+
+
+class Backend(ABC):
+    """One target kind (``Target.kind``): its sketches, lowering, code generation, module build and the
+    compiled-model class that launches its kernels.
+
+    Contract:
+
+    - ``name`` equals the ``Target.kind`` the backend compiles for. A sketch's identity in the tuning
+      database is ``(backend name, sketch name, sketch version)``: the target key of a record names the
+      backend, so changing one backend's sketches never invalidates another backend's records.
+    - ``sketches()`` lists the backend's sketches in the order :meth:`sketch_for` tries them; names are
+      unique within the backend and the last one applies to every group (a fallback).
+    - ``lower(func)`` turns a scheduled, block-structured ``PrimFunc`` into the block-free target loop IR
+      that ``codegen`` prints and the interpreters run; ``func`` is left untouched.
+    - ``codegen(funcs, target, launches)`` returns one translation unit of source text for lowered
+      ``funcs``; with ``launches`` it also contains the whole-model entry point the compiled model calls.
+    - ``copy_kernel(shape, dtype, name)`` returns a lowered kernel that copies a tensor (for graph outputs
+      that no kernel produces).
+    - ``compiled_model_class()`` is the :class:`~compiler.runtime.executor.CompiledModel` subclass that
+      builds this backend's source and launches it.
+    """
+
+    name: str = "backend"
+
+    @abstractmethod
+    def sketches(self) -> Sequence[Sketch]: ...
+
+    @abstractmethod
+    def lower(self, func: PrimFunc) -> PrimFunc: ...
+
+    @abstractmethod
+    def codegen(
+        self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
+    ) -> str: ...
+
+    @abstractmethod
+    def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc: ...
+
+    @abstractmethod
+    def compiled_model_class(self) -> type[CompiledModel]: ...
+
+    # ------------------------------------------------------------------ sketches
+    def sketch_for(self, group: Group) -> Sketch:
+        """The first sketch of this backend that schedules ``group``."""
+        for s in self.sketches():
+            if s.applies(group):
+                return s
+        raise KilnError(f"{self.name}: no sketch schedules group {group.name} of kind {group.kind}")
+
+    def get_sketch(self, name: str) -> Sketch:
+        """This backend's sketch called ``name`` (a stored record names its sketch)."""
+        for s in self.sketches():
+            if s.name == name:
+                return s
+        known = ", ".join(s.name for s in self.sketches())
+        raise KilnError(f"unknown {self.name} sketch '{name}'; known: {known}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,48 @@
+"""The CPU backend: C with OpenMP and GCC vector extensions, built with gcc, run through ctypes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from compiler.backends.base import Backend
+from compiler.backends.cpu.codegen import generate_c
+from compiler.backends.cpu.sketches.contraction import ContractionSketch
+from compiler.backends.cpu.sketches.generic import GenericSketch
+from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
+from compiler.backends.cpu.sketches.reduction import ReductionSketch
+from compiler.backends.sketch import Sketch
+from compiler.loopir import lower_func
+from compiler.loopir.stmt import PrimFunc
+from compiler.runtime.executor import CompiledModel
+from compiler.target import Target
+from compiler.te import TEProgram, compute, lower, placeholder
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._sketches = (PointwiseSketch(), ReductionSketch(), ContractionSketch(), GenericSketch())
+
+    def sketches(self) -> Sequence[Sketch]:
+        return self._sketches
+
+    def lower(self, func: PrimFunc) -> PrimFunc:
+        return lower_func(func)
+
+    def codegen(
+        self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
+    ) -> str:
+        return generate_c(list(funcs), target, launches)
+
+    def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
+        x = placeholder(shape, dtype, "src")
+        y = compute(shape, lambda *i: x[i] if i else x[()], "dst")
+        return lower_func(lower(TEProgram(name, [x], [y], [y])))
+
+    def compiled_model_class(self) -> type[CompiledModel]:
+        return CompiledModel
+
+
+BACKEND = CpuBackend

@@ -1,0 +1,46 @@
+"""The CUDA backend: CUDA C built with NVRTC through CuPy (``nvcc -cubin`` checks it without a GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from compiler.backends.base import Backend
+from compiler.backends.cpu.sketches.contraction import ContractionSketch
+from compiler.backends.cpu.sketches.generic import GenericSketch
+from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
+from compiler.backends.cpu.sketches.reduction import ReductionSketch
+from compiler.backends.cuda.codegen import generate_cuda
+from compiler.backends.cuda.executor import CudaCompiledModel
+from compiler.backends.cuda.sketches.pointwise import copy_func
+from compiler.backends.sketch import Sketch
+from compiler.loopir import lower_func
+from compiler.loopir.stmt import PrimFunc
+from compiler.target import Target
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._sketches = (PointwiseSketch(), ReductionSketch(), ContractionSketch(), GenericSketch())
+
+    def sketches(self) -> Sequence[Sketch]:
+        return self._sketches
+
+    def lower(self, func: PrimFunc) -> PrimFunc:
+        return lower_func(func)
+
+    def codegen(
+        self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
+    ) -> str:
+        return generate_cuda(list(funcs), target)
+
+    def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
+        return copy_func(shape, dtype, name)
+
+    def compiled_model_class(self) -> type:
+        return CudaCompiledModel
+
+
+BACKEND = CudaBackend
