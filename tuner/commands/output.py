@@ -35,7 +35,7 @@ def _cell(value: Any, width: int | None) -> str:
     if value is None:
         text = "-"
     elif isinstance(value, dict | list):
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        text = canonical_json(value)
     elif isinstance(value, bool):
         text = "yes" if value else "no"
     elif isinstance(value, float):
@@ -70,9 +70,7 @@ def write_rows(
             cells = []
             for c in columns:
                 v = _plain(r.get(c))
-                cells.append(
-                    json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, dict | list) else v
-                )
+                cells.append(canonical_json(v) if isinstance(v, dict | list) else v)
             writer.writerow(["" if v is None else v for v in cells])
         return
     widths = widths or {}
