@@ -3,6 +3,23 @@
 A target key names the kind, architecture and device, e.g. ``cpu/x86_64/AMD EPYC/2`` (model name and
 cores available to this process) or ``cuda/sm_90/NVIDIA H100 80GB HBM3``. Records measured on one target
 are never applied to another.
+
+``Target.host()`` describes the CPU this process runs on, parsed from ``/proc/cpuinfo`` by the pure
+function ``Target.from_cpuinfo`` (x86: ``flags`` and ``model name``; aarch64: ``Features`` and the
+``CPU implementer`` / ``CPU part`` ids, no ``model name``).
+
+The environment variable ``KILN_HOST_ISA`` narrows what ``Target.host()`` reports, so a developer on an
+AVX-512 machine can run everything (the tests included) as an AVX2 machine would:
+
+* x86_64: ``avx512`` (64-byte vectors), ``avx2`` (32-byte vectors, AVX2 and FMA, no AVX-512) or ``sse``
+  (16-byte vectors, no AVX at all);
+* aarch64: ``neon`` (16-byte vectors, the only level).
+
+It never widens: asking for an ISA the CPU lacks is a KilnError naming the variable and the CPU's
+features. A narrowed host has its own key (the ISA is appended to the device name, e.g.
+``cpu/x86_64/AMD EPYC 9B14 [avx2]/2``), so its records never mix with the full host's, and
+``Target.cflags()`` adds the gcc flags that keep ``-march=native`` code within that ISA
+(``-mno-avx512f``, ``-mno-avx``). Asking for the CPU's own level changes nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ class Target:
     cores: int = 1  # CPU threads available, or SM count on a GPU
     vector_bytes: int = 16  # widest SIMD register (64 with AVX-512)
     features: tuple[str, ...] = ()
+    isa_flags: tuple[str, ...] = ()  # gcc flags narrowing -march=native to KILN_HOST_ISA (see cflags)
     max_threads_per_block: int = 1024
     max_shared_bytes: int = 48 * 1024  # per block, without opt-in
     max_shared_bytes_optin: int = 48 * 1024
@@ -46,6 +64,7 @@ class Target:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["features"] = list(self.features)
+        data["isa_flags"] = list(self.isa_flags)
         data["key"] = self.key
         return data
 
@@ -53,25 +72,75 @@ class Target:
     def from_json(data: dict[str, Any]) -> Target:
         fields = {k: v for k, v in data.items() if k in Target.__dataclass_fields__}
         fields["features"] = tuple(fields.get("features", ()))
+        fields["isa_flags"] = tuple(fields.get("isa_flags", ()))
         return Target(**fields)
+
+    def cflags(self) -> tuple[str, ...]:
+        """gcc's ISA flags for code that runs on this CPU target when built on this machine:
+        ``-march=native``, narrowed to the target's ISA when ``KILN_HOST_ISA`` asked for less."""
+        if self.kind != "cpu":
+            raise KilnError(f"target {self.key!r} is not a CPU target: it has no gcc flags")
+        return ("-march=native", *self.isa_flags)
 
     # ---------------------------------------------------------- constructors
     @staticmethod
     @functools.cache
     def host() -> Target:
-        """The CPU this process runs on."""
-        info = _cpuinfo()
-        flags = set(info.get("flags", "").split())
-        vec = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+        """The CPU this process runs on, narrowed by ``$KILN_HOST_ISA`` when set."""
+        try:
+            with open("/proc/cpuinfo") as f:
+                text = f.read()
+        except OSError:
+            text = f"model name : {platform.processor() or 'unknown cpu'}\n"
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        wanted = ("avx512f", "avx512bw", "avx512vl", "avx2", "fma", "avx512_bf16", "avx512_fp16", "neon")
+        return Target.from_cpuinfo(text, platform.machine(), cores, os.environ.get(HOST_ISA_ENV) or None)
+
+    @staticmethod
+    def from_cpuinfo(text: str, machine: str, cores: int = 1, isa: str | None = None) -> Target:
+        """The CPU target described by the text of ``/proc/cpuinfo`` on a ``machine`` (``platform.machine()``)
+        with ``cores`` threads; ``isa`` (a ``KILN_HOST_ISA`` value) narrows its vector ISA."""
+        info = _cpuinfo_fields(text)
+        arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(machine.lower(), machine) or "unknown"
+        if arch == "aarch64" or ("Features" in info and "flags" not in info):
+            flags = set(info.get("Features", "").split())
+            if flags & {"asimd", "neon"}:
+                flags.add("neon")
+            levels = {"neon": 16}
+            native = "neon"
+            device = info.get("model name") or _arm_cpu_name(info)
+        else:
+            flags = set(info.get("flags", "").split())
+            levels = {"sse": 16, "avx2": 32, "avx512": 64}
+            native = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
+            device = info.get("model name") or "unknown cpu"
+        features = [f for f in _FEATURES if f in flags]
+        level, isa_flags = native, ()
+        if isa is not None:
+            level = isa.strip().lower()
+            if level not in levels:
+                raise KilnError(
+                    f"{HOST_ISA_ENV}={isa!r} is not an ISA level of a {arch} CPU: use one of "
+                    f"{', '.join(levels)}"
+                )
+            if levels[level] > levels[native]:
+                have = " ".join(features) or "none of " + " ".join(_FEATURES)
+                raise KilnError(
+                    f"{HOST_ISA_ENV}={isa!r} asks for more than this CPU has ({device}: best level "
+                    f"{native!r}, features {have}); it can only narrow what Target.host() reports"
+                )
+            if level != native:
+                dropped = _ABOVE[level]
+                features = [f for f in features if f not in dropped]
+                isa_flags = ("-mno-avx",) if level == "sse" else ("-mno-avx512f",)
+                device = f"{device} [{level}]"
         return Target(
             kind="cpu",
-            arch=platform.machine() or "unknown",
-            device=info.get("model name", "unknown cpu").strip(),
+            arch=arch,
+            device=device.strip(),
             cores=cores,
-            vector_bytes=vec,
-            features=tuple(f for f in wanted if f in flags),
+            vector_bytes=levels[level],
+            features=tuple(features),
+            isa_flags=isa_flags,
             l1_bytes=32 * 1024,
             l2_bytes=1024 * 1024,
         )
@@ -118,14 +187,48 @@ class Target:
         )
 
 
-def _cpuinfo() -> dict[str, str]:
+def _cpuinfo_fields(text: str) -> dict[str, str]:
+    """``key : value`` lines of /proc/cpuinfo; the first processor's value wins."""
     out: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if ":" in line:
-                    k, _, v = line.partition(":")
-                    out.setdefault(k.strip(), v.strip())
-    except OSError:
-        out["model name"] = platform.processor() or "unknown cpu"
+    for line in text.splitlines():
+        if ":" in line:
+            k, _, v = line.partition(":")
+            out.setdefault(k.strip(), v.strip())
     return out
+
+
+def _arm_cpu_name(info: dict[str, str]) -> str:
+    """A name for an Arm CPU from its implementer and part ids (what ``lscpu`` prints)."""
+    impl, part = info.get("CPU implementer", "").lower(), info.get("CPU part", "").lower()
+    if not impl:
+        return info.get("Hardware") or info.get("Processor") or "unknown cpu"
+    vendor, parts = _ARM_IDS.get(impl, (f"implementer {impl}", {}))
+    return f"{vendor} {parts.get(part, f'part {part}' if part else '')}".strip()
+
+
+HOST_ISA_ENV = "KILN_HOST_ISA"
+_FEATURES = (
+    "avx512f", "avx512bw", "avx512vl", "avx2", "fma", "avx512_bf16", "avx512_fp16",
+    "neon", "asimdhp", "asimddp", "sve", "sve2",
+)  # fmt: skip
+# the features a narrowed x86 level no longer has
+_ABOVE = {
+    "avx2": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16"},
+    "sse": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "avx2", "fma"},
+}
+# CPU implementer id -> (vendor, {CPU part id -> core name}), after util-linux lscpu-arm.c
+_ARM_IDS: dict[str, tuple[str, dict[str, str]]] = {
+    "0x41": (
+        "ARM",
+        {
+            "0xd03": "Cortex-A53", "0xd05": "Cortex-A55", "0xd07": "Cortex-A57", "0xd08": "Cortex-A72",
+            "0xd0b": "Cortex-A76", "0xd0c": "Neoverse-N1", "0xd40": "Neoverse-V1", "0xd49": "Neoverse-N2",
+            "0xd4f": "Neoverse-V2", "0xd84": "Neoverse-V3", "0xd8e": "Neoverse-N3",
+        },
+    ),
+    "0x48": ("HiSilicon", {"0xd01": "TaiShan-v110", "0xd02": "TaiShan-v120"}),
+    "0x4e": ("NVIDIA", {"0x004": "Carmel"}),
+    "0x51": ("Qualcomm", {"0x001": "Oryon"}),
+    "0x61": ("Apple", {}),
+    "0xc0": ("Ampere", {"0xac3": "Ampere-1", "0xac4": "Ampere-1a"}),
+}  # fmt: skip

@@ -1,0 +1,166 @@
+"""Target.from_cpuinfo on sample /proc/cpuinfo texts (AVX-512 and AVX2 x86, aarch64), KILN_HOST_ISA
+narrowing, the gcc flags of a narrowed host, and target keys."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compiler.errors import KilnError
+from compiler.target import HOST_ISA_ENV, Target
+
+X86_COMMON = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht "
+    "syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl pni pclmulqdq ssse3 cx16 "
+    "sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand hypervisor lahf_lm abm"
+)
+AVX512_CPUINFO = f"""processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC 9654 96-Core Processor
+flags\t\t: {X86_COMMON} fma bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 gfni
+bogomips\t: 4792.81
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9654 96-Core Processor
+flags\t\t: {X86_COMMON} fma bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 gfni
+"""
+AVX2_CPUINFO = f"""processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 158
+model name\t: Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz
+flags\t\t: {X86_COMMON} fma bmi1 avx2 bmi2 erms invpcid
+"""
+SSE_CPUINFO = f"""processor\t: 0
+model name\t: Intel(R) Xeon(R) CPU E5-2670 0 @ 2.60GHz
+flags\t\t: {X86_COMMON}
+"""
+# an AWS Graviton2: no "model name", the CPU is named by its implementer and part ids
+AARCH64_CPUINFO = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+
+processor\t: 1
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+"""
+
+
+def test_avx512_x86():
+    t = Target.from_cpuinfo(AVX512_CPUINFO, "x86_64", cores=4)
+    assert (t.kind, t.arch, t.device, t.cores) == ("cpu", "x86_64", "AMD EPYC 9654 96-Core Processor", 4)
+    assert t.vector_bytes == 64 and t.vector_lanes_f32 == 16
+    assert t.features == ("avx512f", "avx512bw", "avx512vl", "avx2", "fma", "avx512_bf16")
+    assert t.key == "cpu/x86_64/AMD EPYC 9654 96-Core Processor/4"
+    assert t.cflags() == ("-march=native",)
+
+
+def test_avx2_x86():
+    t = Target.from_cpuinfo(AVX2_CPUINFO, "x86_64", cores=2)
+    assert t.device == "Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz"
+    assert t.vector_bytes == 32 and t.vector_lanes_f32 == 8
+    assert t.features == ("avx2", "fma")
+    assert t.cflags() == ("-march=native",)
+
+
+def test_sse_only_x86():
+    t = Target.from_cpuinfo(SSE_CPUINFO, "x86_64")
+    assert t.vector_bytes == 16 and t.features == ()
+
+
+def test_aarch64_reads_features_and_names_the_cpu_from_its_ids():
+    t = Target.from_cpuinfo(AARCH64_CPUINFO, "aarch64", cores=2)
+    assert (t.arch, t.device, t.vector_bytes) == ("aarch64", "ARM Neoverse-N1", 16)
+    assert "neon" in t.features and "asimddp" in t.features and "avx2" not in t.features
+    assert t.key == "cpu/aarch64/ARM Neoverse-N1/2"
+    assert t.cflags() == ("-march=native",)
+
+
+def test_aarch64_unknown_ids_and_missing_ids():
+    text = AARCH64_CPUINFO.replace("0xd0c", "0xfff").replace("0x41", "0x99")
+    assert Target.from_cpuinfo(text, "aarch64").device == "implementer 0x99 part 0xfff"
+    assert Target.from_cpuinfo("Features\t: fp asimd\n", "aarch64").device == "unknown cpu"
+    assert Target.from_cpuinfo("Features\t: fp asimd\n", "arm64").arch == "aarch64"
+
+
+@pytest.mark.parametrize(
+    "text, isa, vector_bytes, flags, features",
+    [
+        (AVX512_CPUINFO, "avx2", 32, ("-mno-avx512f",), ("avx2", "fma")),
+        (AVX512_CPUINFO, "sse", 16, ("-mno-avx",), ()),
+        (AVX2_CPUINFO, "sse", 16, ("-mno-avx",), ()),
+    ],
+)
+def test_narrowing_reports_less_builds_for_less_and_changes_the_key(text, isa, vector_bytes, flags, features):
+    full = Target.from_cpuinfo(text, "x86_64", cores=2)
+    t = Target.from_cpuinfo(text, "x86_64", cores=2, isa=isa)
+    assert t.vector_bytes == vector_bytes and t.features == features
+    assert t.cflags() == ("-march=native", *flags)
+    assert t.key != full.key and t.key == f"cpu/x86_64/{full.device} [{isa}]/2"
+    assert Target.from_json(t.to_json()) == t
+
+
+@pytest.mark.parametrize(
+    "text, machine, isa",
+    [
+        (AVX512_CPUINFO, "x86_64", "avx512"),
+        (AVX2_CPUINFO, "x86_64", "AVX2"),
+        (AARCH64_CPUINFO, "aarch64", "neon"),
+    ],
+)
+def test_asking_for_the_cpus_own_level_changes_nothing(text, machine, isa):
+    assert Target.from_cpuinfo(text, machine, isa=isa) == Target.from_cpuinfo(text, machine)
+
+
+def test_asking_for_more_than_the_cpu_has_is_a_clear_error():
+    with pytest.raises(KilnError, match=r"KILN_HOST_ISA='avx512' asks for more.*avx2 fma"):
+        Target.from_cpuinfo(AVX2_CPUINFO, "x86_64", isa="avx512")
+    with pytest.raises(KilnError, match=r"KILN_HOST_ISA='neon' is not an ISA level of a x86_64 CPU"):
+        Target.from_cpuinfo(AVX2_CPUINFO, "x86_64", isa="neon")
+    with pytest.raises(KilnError, match=r"KILN_HOST_ISA='avx2' is not an ISA level of a aarch64 CPU.*neon"):
+        Target.from_cpuinfo(AARCH64_CPUINFO, "aarch64", isa="avx2")
+
+
+def test_cuda_targets_have_no_gcc_flags():
+    with pytest.raises(KilnError, match="not a CPU target"):
+        Target.cuda().cflags()
+
+
+def test_the_environment_variable_narrows_the_host_and_the_kernel_flags():
+    """In a fresh process (Target.host() and the gcc flags are fixed once per process)."""
+    host = Target.host()
+    if host.kind != "cpu" or host.vector_bytes <= 16:
+        pytest.skip(f"the host {host.key} has nothing to narrow")
+    isa = "sse" if host.arch == "x86_64" else None
+    if isa is None:
+        pytest.skip(f"{host.arch} has one ISA level")
+    script = (
+        "from compiler.target import Target; from compiler.backends.cpu import gcc; "
+        "t = Target.host(); print(t.key, t.vector_bytes, ' '.join(gcc.FLAGS))"
+    )
+    env_out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(isa), check=True
+    ).stdout
+    assert f"[{isa}]/" in env_out and " 16 " in env_out and "-march=native -mno-avx " in env_out
+    bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env("avx1024"))
+    assert bad.returncode != 0 and f"{HOST_ISA_ENV}='avx1024' is not an ISA level" in bad.stderr
+
+
+def _env(isa: str) -> dict[str, str]:
+    return {**os.environ, HOST_ISA_ENV: isa}
