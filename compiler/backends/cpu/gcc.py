@@ -1,25 +1,24 @@
 """Build generated C with gcc into an on-disk kernel cache and load it with ctypes.
 
-The cache key is sha256 of the source, the flags, gcc's version, the host CPU (``-march=native`` code is
-only valid there) and ``CODEGEN_VERSION``. The cache lives in ``$KILN_CACHE_DIR`` or ``~/.cache/kiln``.
-Writes are atomic (a temporary file in the cache directory, then ``os.replace``), so processes that build
-the same kernel at the same time each get a complete library. A gcc failure raises CompileError naming the
-kernel(s) whose lines gcc complained about and quoting gcc's error lines.
+The cache is the shared :class:`~compiler.runtime.module_cache.ModuleCache` (``$KILN_CACHE_DIR`` or
+``~/.cache/kiln``; atomic writes, so processes that build the same kernel at the same time each get a
+complete library). The key covers the source, the flags, gcc's version, the host CPU (``-march=native``
+code is only valid there) and ``CODEGEN_VERSION``; each entry is the library ``<key>.so`` and its source
+``<key>.c``. A gcc failure raises CompileError naming the kernel(s) whose lines gcc complained about and
+quoting gcc's error lines.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import re
 import subprocess
-import tempfile
 from pathlib import Path
 
 from compiler.backends.cpu.codegen import CODEGEN_VERSION
 from compiler.errors import CompileError
+from compiler.runtime import module_cache
 from compiler.target import Target
 
 CC = os.environ.get("KILN_CC", "gcc")
@@ -36,14 +35,15 @@ FLAGS = (
 )
 LIBS = ("-lm",)
 
+KERNEL_PATTERN = r"^void (\w+)\("  # a kernel's first line in generated C
+CACHE = module_cache.ModuleCache()
+
 _loaded: dict[str, KernelLibrary] = {}
 
 
 def cache_dir() -> Path:
     """The kernel cache directory (created if missing)."""
-    d = Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return CACHE.directory
 
 
 @functools.cache
@@ -65,63 +65,35 @@ def _host_id() -> str:
 
 
 def cache_key(source: str, flags: tuple[str, ...] = FLAGS) -> str:
-    h = hashlib.sha256()
-    for part in (source, " ".join(flags), compiler_id(), _host_id(), CODEGEN_VERSION):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    """The cache key of ``source`` built with ``flags`` by this gcc for this CPU."""
+    return module_cache.cache_key(source, flags, compiler_id(), _host_id(), CODEGEN_VERSION)
 
 
 def compile_source(source: str, flags: tuple[str, ...] = FLAGS) -> Path:
     """The shared object built from ``source`` (from the cache when present)."""
     key = cache_key(source, flags)
-    d = cache_dir()
-    so = d / f"{key[:32]}.so"
-    if so.exists():
+    so = CACHE.get(key, ".so")
+    if so is not None:
         return so
-    fd, tmp_c = tempfile.mkstemp(prefix=f".{key[:16]}-", suffix=".c", dir=d)
-    tmp_so = tmp_c[:-2] + ".so"
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        proc = subprocess.run([CC, *flags, "-o", tmp_so, tmp_c, *LIBS], capture_output=True, text=True)
+    with CACHE.stage(key, ".c", ".so") as (tmp_c, tmp_so):
+        tmp_c.write_text(source)
+        proc = subprocess.run(
+            [CC, *flags, "-o", str(tmp_so), str(tmp_c), *LIBS], capture_output=True, text=True
+        )
         if proc.returncode != 0:
-            raise CompileError(_error_message(source, proc.stderr, tmp_c))
-        os.replace(tmp_c, d / f"{key[:32]}.c")
-        os.replace(tmp_so, so)
-    finally:
-        for p in (tmp_c, tmp_so):
-            if os.path.exists(p):
-                os.unlink(p)
-    return so
+            raise CompileError(error_message(source, proc.stderr.replace(str(tmp_c), "kernel.c")))
+    return CACHE.path(key, ".so")
 
 
-def _kernel_spans(source: str) -> list[tuple[int, str]]:
-    spans = []
-    for i, line in enumerate(source.splitlines(), start=1):
-        m = re.match(r"void (\w+)\(", line)
-        if m:
-            spans.append((i, m.group(1)))
-    return spans
-
-
-def _error_message(source: str, stderr: str, path: str) -> str:
-    spans = _kernel_spans(source)
-    names: list[str] = []
-    errors: list[str] = []
-    for line in stderr.splitlines():
-        m = re.match(rf"{re.escape(path)}:(\d+):\d+: (fatal )?error", line)
-        if m or " error" in line:
-            errors.append(line.replace(path, "kernel.c"))
-        if m:
-            lineno = int(m.group(1))
-            owner = [n for start, n in spans if start <= lineno]
-            name = owner[-1] if owner else "prelude"
-            if name not in names:
-                names.append(name)
-    quoted = "\n".join(errors[:20]) or stderr.strip()[-2000:]
-    what = ", ".join(names) if names else "(unknown kernel)"
-    return f"gcc failed to compile kernel(s) {what}:\n{quoted}"
+def error_message(source: str, stderr: str) -> str:
+    """gcc's error lines (for source file ``kernel.c``), with the kernels they fall in named."""
+    return module_cache.compile_error_message(
+        "gcc",
+        source,
+        stderr,
+        kernel_pattern=KERNEL_PATTERN,
+        error_pattern=r"kernel\.c:(\d+):\d+: (?:fatal )?error",
+    )
 
 
 class KernelLibrary:

@@ -1,9 +1,10 @@
 """Build generated CUDA with NVRTC (through CuPy) or check it with nvcc; launch kernels.
 
 * :func:`build` compiles a translation unit for the target's ``sm_XY`` with NVRTC and returns a
-  :class:`CudaModule`. Modules are cached in memory (per process) and cubins on disk in
-  ``$KILN_CACHE_DIR/cuda`` (default ``~/.cache/kiln/cuda``), keyed by sha256 of the source, the arch,
-  the options and ``CODEGEN_VERSION``; files are written atomically (temp file, ``os.replace``).
+  :class:`CudaModule`. Modules are cached in memory (per process) and cubins on disk in the shared
+  :class:`~compiler.runtime.module_cache.ModuleCache` under ``cuda/`` (``$KILN_CACHE_DIR/cuda``, default
+  ``~/.cache/kiln/cuda``), keyed by the source, the options, the arch and ``CODEGEN_VERSION``; files are
+  written atomically (temp file, ``os.replace``).
   When CuPy's low-level NVRTC binding is not available the module is compiled by ``cupy.RawModule``
   (which keeps its own disk cache).
 * A compile failure is a CompileError naming the kernel(s) the compiler complained about and quoting
@@ -15,7 +16,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -28,56 +28,39 @@ from typing import Any
 from compiler.backends.cuda.codegen import CODEGEN_VERSION
 from compiler.backends.cuda.device import require_cupy
 from compiler.errors import CompileError
+from compiler.runtime import module_cache
 
 NVRTC_OPTIONS = ("--std=c++17",)
 NVCC = os.environ.get("KILN_NVCC", "nvcc")
+
+KERNEL_PATTERN = r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\("  # a kernel's first line
+ERROR_PATTERN = r"\((\d+)\): (?:catastrophic )?error"  # NVRTC and nvcc: ``kiln.cu(12): error: ...``
+CACHE = module_cache.ModuleCache("cuda")
 
 _modules: dict[str, CudaModule] = {}
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "cuda"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """The cubin cache directory (created if missing)."""
+    return CACHE.directory
 
 
 def cache_key(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> str:
-    h = hashlib.sha256()
-    for part in (source, arch, " ".join(options), CODEGEN_VERSION):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    """The cache key of ``source`` compiled for ``arch`` with ``options``."""
+    return module_cache.cache_key(source, options, arch, CODEGEN_VERSION)
 
 
 # ------------------------------------------------------------------ errors
 def kernel_spans(source: str) -> list[tuple[int, str]]:
     """(first line, name) of every ``__global__`` kernel in ``source``."""
-    spans = []
-    for i, line in enumerate(source.splitlines(), start=1):
-        m = re.search(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", line)
-        if m:
-            spans.append((i, m.group(1)))
-    return spans
+    return module_cache.kernel_spans(source, KERNEL_PATTERN)
 
 
 def error_message(tool: str, source: str, log: str, arch: str) -> str:
     """``tool failed to compile kernel(s) A, B (sm_90):`` followed by the compiler's error lines."""
-    spans = kernel_spans(source)
-    names: list[str] = []
-    lines: list[str] = []
-    for line in log.splitlines():
-        m = re.search(r"\((\d+)\): (catastrophic )?error", line)
-        if m or "error" in line:
-            lines.append(line.strip())
-        if m:
-            lineno = int(m.group(1))
-            owner = [n for start, n in spans if start <= lineno]
-            name = owner[-1] if owner else "prelude"
-            if name not in names:
-                names.append(name)
-    quoted = "\n".join(lines[:30]) or log.strip()[-3000:]
-    what = ", ".join(names) if names else "(unknown kernel)"
-    return f"{tool} failed to compile kernel(s) {what} ({arch}):\n{quoted}"
+    return module_cache.compile_error_message(
+        tool, source, log, kernel_pattern=KERNEL_PATTERN, error_pattern=ERROR_PATTERN, where=f" ({arch})"
+    )
 
 
 # ------------------------------------------------------------------- NVRTC
@@ -107,15 +90,12 @@ def build(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> C
     mod = _modules.get(key)
     if mod is not None:
         return mod
-    path = cache_dir() / f"{key[:32]}.cubin"
-    if not path.exists():
+    path = CACHE.get(key, ".cubin")
+    if path is None:
         cubin = _nvrtc_cubin(source, arch, options)
         if cubin is not None:
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}-", suffix=".cubin", dir=path.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
-            os.replace(tmp, path)
-    if path.exists():
+            path = CACHE.put(key, ".cubin", cubin)
+    if path is not None:
         raw = cp.RawModule(path=str(path))
     else:  # no low-level NVRTC binding: let CuPy compile (and cache) the source
         raw = cp.RawModule(code=source, options=(*options, f"-arch={arch}"), backend="nvrtc")

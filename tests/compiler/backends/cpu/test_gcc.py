@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,7 @@ SMALL = (
 
 def test_cache_hit_does_not_run_gcc(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
-    t0 = time.perf_counter()
     first = cbuild.compile_source(SMALL + "// hit\n")
-    cold = time.perf_counter() - t0
     assert first.exists() and first.parent == tmp_path
     assert (tmp_path / (first.stem + ".c")).read_text() == SMALL + "// hit\n"
 
@@ -32,9 +29,7 @@ def test_cache_hit_does_not_run_gcc(tmp_path, monkeypatch):
         raise AssertionError("gcc ran on a cache hit")
 
     monkeypatch.setattr(cbuild.subprocess, "run", no_gcc)
-    t0 = time.perf_counter()
     assert cbuild.compile_source(SMALL + "// hit\n") == first
-    assert time.perf_counter() - t0 < cold
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
 
 
