@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from compiler import dtypes
 
 if TYPE_CHECKING:
@@ -270,8 +272,6 @@ def logical_and(*terms: Expr) -> Expr:
 
 def reduce_identity(combiner: str, dtype: str) -> Const:
     """The value a reduction starts from: 0 for sum, the lowest/highest value for max/min."""
-    import numpy as np
-
     if combiner == "sum":
         return const(0, dtype)
     if dtypes.is_float(dtype):
@@ -340,18 +340,67 @@ def rebuild(e: Expr, kids: Sequence[Expr]) -> Expr:
     return e
 
 
+class ExprVisitor:
+    """Walks an expression tree: ``visit_expr`` dispatches on the node type to ``visit_<Type>`` (e.g.
+    ``visit_Load``) when the subclass defines it, else to :meth:`generic_visit_expr`, which visits the
+    children (:func:`children`). An override calls ``self.generic_visit_expr(e)`` to keep descending."""
+
+    def visit_expr(self, e: Expr) -> None:
+        method = getattr(self, "visit_" + type(e).__name__, None)
+        if method is None:
+            self.generic_visit_expr(e)
+        else:
+            method(e)
+
+    def generic_visit_expr(self, e: Expr) -> None:
+        for c in children(e):
+            self.visit_expr(c)
+
+
+class ExprMutator:
+    """Rewrites an expression tree bottom-up: ``visit_expr`` dispatches like :class:`ExprVisitor` and
+    returns the replacement. :meth:`generic_visit_expr` mutates the children and rebuilds the node only
+    when a child changed (:func:`rebuild`), so an unchanged tree comes back as the same object."""
+
+    def visit_expr(self, e: Expr) -> Expr:
+        method = getattr(self, "visit_" + type(e).__name__, None)
+        return self.generic_visit_expr(e) if method is None else method(e)
+
+    def generic_visit_expr(self, e: Expr) -> Expr:
+        kids = children(e)
+        if not kids:
+            return e
+        return rebuild(e, [self.visit_expr(c) for c in kids])
+
+
+class _PostOrder(ExprMutator):
+    def __init__(self, fn: Callable[[Expr], Expr | None]) -> None:
+        self.fn = fn
+
+    def visit_expr(self, e: Expr) -> Expr:
+        e2 = self.generic_visit_expr(e)
+        out = self.fn(e2)
+        return e2 if out is None else out
+
+
 def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Post-order rewrite: ``fn`` may return a replacement for a node (or None to keep it)."""
-    kids = [transform(c, fn) for c in children(e)]
-    e2 = rebuild(e, kids)
-    out = fn(e2)
-    return e2 if out is None else out
+    return _PostOrder(fn).visit_expr(e)
+
+
+class _Substitute(ExprMutator):
+    def __init__(self, mapping: dict[Var, Expr]) -> None:
+        self.mapping = mapping
+
+    def visit_Var(self, e: Var) -> Expr:
+        return self.mapping.get(e, e)
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
+    """``e`` with the variables of ``mapping`` replaced (the same object when none occurs)."""
     if not mapping:
         return e
-    return transform(e, lambda x: mapping.get(x) if isinstance(x, Var) else None)
+    return _Substitute(mapping).visit_expr(e)
 
 
 def free_vars(e: Expr) -> set[Var]:
@@ -363,6 +412,7 @@ def loads(e: Expr) -> list[Load]:
 
 
 def replace_buffer_loads(e: Expr, fn: Callable[[Load], Expr | None]) -> Expr:
+    """Post-order rewrite of the loads of ``e``: ``fn`` may return a replacement (or None to keep one)."""
     return transform(e, lambda x: fn(x) if isinstance(x, Load) else None)
 
 

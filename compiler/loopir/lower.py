@@ -19,6 +19,7 @@ from compiler.loopir.expr import (
     Const,
     Expr,
     Load,
+    Logical,
     Var,
     combine,
     const,
@@ -27,25 +28,24 @@ from compiler.loopir.expr import (
     replace_buffer_loads,
     structural_equal,
     substitute,
-    transform,
     walk,
 )
 from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import (
     Allocate,
-    Barrier,
     Block,
     Buffer,
     BufferStore,
-    Evaluate,
     For,
     IfThenElse,
     PrimFunc,
     SeqStmt,
     Stmt,
+    rebuild_stmt,
     seq,
     walk_stmts,
 )
+from compiler.loopir.visitor import StmtMutator, substitute_stmt, with_body
 
 UNROLL_MAX_EXTENT = 32
 # a loop annotation: unroll this reduction loop into a balanced tree of its terms (see _tree_reduction)
@@ -78,12 +78,12 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     by_site: dict[int, list[_Compact]] = {}
     for p in plans.values():
         by_site.setdefault(id(p.site) if p.site is not None else 0, []).append(p)
-    body = _convert(root.body, plans, by_site)
+    body = _Convert(plans, by_site).visit_stmt(root.body)
     for p in by_site.get(0, []):
         body = Allocate(p.buffer, body)
-    body = _hoist_ifs(_clean(body, {}))
+    body = _HoistIfs().visit_stmt(_clean(body))
     if unroll:
-        body = _unroll(body)
+        body = _Unroll().visit_stmt(body)
     out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
     return lower_cuda.finish(out) if gpu else out
 
@@ -119,52 +119,51 @@ def _plan(root: Block, buf: Buffer) -> _Compact:
     return _Compact(prefix[-1] if prefix else None, new, [s for s, _ in reg])
 
 
-def _convert(s: Stmt, plans: dict[int, _Compact], by_site: dict[int, list[_Compact]]) -> Stmt:
-    if isinstance(s, SeqStmt):
-        return seq(*(_convert(x, plans, by_site) for x in s.stmts)) if s.stmts else SeqStmt([])
-    if isinstance(s, For):
-        body = _convert(s.body, plans, by_site)
-        for p in by_site.get(id(s), []):
+class _Convert(StmtMutator):
+    """Blocks -> plain statements; compacted buffers allocated at their loops."""
+
+    def __init__(self, plans: dict[int, _Compact], by_site: dict[int, list[_Compact]]) -> None:
+        self.plans, self.by_site = plans, by_site
+
+    def visit_For(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
+        for p in self.by_site.get(id(s), []):
             body = Allocate(p.buffer, body)
-        return For(s.var, s.extent, body, s.kind, s.thread, dict(s.annotations))
-    if isinstance(s, Block):
-        return _convert_block(s, plans)
-    if isinstance(s, (Evaluate, Barrier, BufferStore, IfThenElse, Allocate)):
-        return s
-    raise TypeError(f"cannot lower {type(s).__name__}")
+        return with_body(s, body)
+
+    def visit_Block(self, b: Block) -> Stmt:
+        return _convert_block(b, self.plans)
+
+
+class _BlockBody(StmtMutator):
+    """A block body with iteration variables bound and compacted buffers' accesses rebased."""
+
+    def __init__(self, bind: dict[Var, Expr], plans: dict[int, _Compact]) -> None:
+        self.bind, self.plans = bind, plans
+
+    def visit_expr(self, e: Expr) -> Expr:
+        e = substitute(e, self.bind)
+        return replace_buffer_loads(e, lambda ld: _rebase_load(ld, self.plans))
+
+    def visit_BufferStore(self, st: BufferStore) -> Stmt:
+        idx = tuple(self.visit_expr(i) for i in st.indices)
+        p = self.plans.get(id(st.buffer))
+        buf = st.buffer
+        if p is not None:
+            buf, idx = p.buffer, tuple(i - s0 for i, s0 in zip(idx, p.starts))
+        return BufferStore(buf, idx, self.visit_expr(st.value))
 
 
 def _convert_block(b: Block, plans: dict[int, _Compact]) -> Stmt:
     bind = dict(zip((iv.var for iv in b.iter_vars), b.bindings))
-
-    def fix(e: Expr) -> Expr:
-        e = substitute(e, bind)
-        return replace_buffer_loads(e, lambda ld: _rebase_load(ld, plans))
-
-    def fix_store(st: Stmt) -> Stmt:
-        if isinstance(st, SeqStmt):
-            return seq(*(fix_store(x) for x in st.stmts))
-        if isinstance(st, IfThenElse):
-            return IfThenElse(fix(st.cond), fix_store(st.then), fix_store(st.else_) if st.else_ else None)
-        if isinstance(st, Evaluate):
-            return Evaluate(fix(st.expr))
-        if isinstance(st, Barrier):
-            return st
-        assert isinstance(st, BufferStore), type(st)
-        idx = tuple(fix(i) for i in st.indices)
-        p = plans.get(id(st.buffer))
-        buf = st.buffer
-        if p is not None:
-            buf, idx = p.buffer, tuple(i - s0 for i, s0 in zip(idx, p.starts))
-        return BufferStore(buf, idx, fix(st.value))
-
-    body = fix_store(b.body)
+    fix = _BlockBody(bind, plans)
+    body = fix.visit_stmt(b.body)
     if b.init is not None:
         reduce_vals = [bind[iv.var] for iv in b.iter_vars if iv.kind == "R"]
         first = logical_and(*(v.eq(0) for v in reduce_vals)) if reduce_vals else const(True)
-        body = seq(IfThenElse(first, fix_store(b.init)), body)
+        body = seq(IfThenElse(first, fix.visit_stmt(b.init)), body)
     if b.predicate is not None:
-        body = IfThenElse(fix(b.predicate), body)
+        body = IfThenElse(fix.visit_expr(b.predicate), body)
     return body
 
 
@@ -178,88 +177,66 @@ def _rebase_load(ld: Load, plans: dict[int, _Compact]) -> Expr | None:
 
 
 # ------------------------------------------------------------- simplification
-def _clean(s: Stmt, ranges: dict[Var, tuple[int, int]]) -> Stmt:
+class _Clean(StmtMutator):
     """Simplify expressions with loop ranges, drop unit loops and decided ifs."""
-    if isinstance(s, SeqStmt):
-        return seq(*(x for x in (_clean(y, ranges) for y in s.stmts) if not _empty(x))) if s.stmts else s
-    if isinstance(s, For):
+
+    def __init__(self) -> None:
+        self.ranges: dict[Var, tuple[int, int]] = {}
+
+    def visit_expr(self, e: Expr) -> Expr:
+        return simplify(e, self.ranges)
+
+    def visit_For(self, s: For) -> Stmt:
         if s.extent == 1 and s.kind != "thread":
-            return _clean(_subst(s.body, {s.var: const(0)}), ranges)
-        inner = {**ranges, s.var: (0, s.extent - 1)}
-        body = _clean(s.body, inner)
-        if _empty(body):
-            return SeqStmt([])
-        return For(s.var, s.extent, body, s.kind, s.thread, s.annotations)
-    if isinstance(s, IfThenElse):
-        cond = simplify(s.cond, ranges)
+            return self.visit_stmt(substitute_stmt(s.body, {s.var: const(0)}))
+        self.ranges[s.var] = (0, s.extent - 1)
+        try:
+            body = self.visit_stmt(s.body)
+        finally:
+            del self.ranges[s.var]
+        return SeqStmt([]) if _empty(body) else with_body(s, body)
+
+    def visit_SeqStmt(self, s: SeqStmt) -> Stmt:
+        return seq(*(self.visit_stmt(x) for x in s.stmts)) if s.stmts else s
+
+    def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
+        cond = self.visit_expr(s.cond)
         if isinstance(cond, Const):
             branch = s.then if cond.value else s.else_
-            return _clean(branch, ranges) if branch is not None else SeqStmt([])
-        then = _clean(s.then, ranges)
-        other = _clean(s.else_, ranges) if s.else_ is not None else None
-        return IfThenElse(cond, then, other)
-    if isinstance(s, BufferStore):
-        return BufferStore(s.buffer, tuple(simplify(i, ranges) for i in s.indices), simplify(s.value, ranges))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _clean(s.body, ranges))
-    if isinstance(s, Evaluate):
-        return Evaluate(simplify(s.expr, ranges))
-    return s
+            return self.visit_stmt(branch) if branch is not None else SeqStmt([])
+        then = self.visit_stmt(s.then)
+        other = self.visit_stmt(s.else_) if s.else_ is not None else None
+        return rebuild_stmt(s, [then] if other is None else [then, other], [cond])
+
+
+def _clean(s: Stmt) -> Stmt:
+    return _Clean().visit_stmt(s)
 
 
 def _conjuncts(e: Expr) -> list[Expr]:
-    from compiler.loopir.expr import Logical
-
     if isinstance(e, Logical) and e.op == "and":
         return _conjuncts(e.a) + _conjuncts(e.b)  # type: ignore[arg-type]
     return [e]
 
 
-def _hoist_ifs(s: Stmt) -> Stmt:
+class _HoistIfs(StmtMutator):
     """Move guard conjuncts that do not depend on a loop's variable out of that loop:
     ``for i { if (a && b(i)) S }`` -> ``if (a) for i { if (b(i)) S }`` (innermost loops first)."""
-    if isinstance(s, SeqStmt):
-        return seq(*(_hoist_ifs(x) for x in s.stmts))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _hoist_ifs(s.body))
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _hoist_ifs(s.then), _hoist_ifs(s.else_) if s.else_ else None)
-    if not isinstance(s, For):
-        return s
-    body = _hoist_ifs(s.body)
-    if isinstance(body, IfThenElse) and body.else_ is None and s.kind != "thread":
-        parts = _conjuncts(body.cond)
-        outside = [c for c in parts if s.var not in free_vars(c)]
-        if outside:
-            inside = [c for c in parts if s.var in free_vars(c)]
-            inner = IfThenElse(logical_and(*inside), body.then) if inside else body.then
-            return IfThenElse(
-                logical_and(*outside), For(s.var, s.extent, inner, s.kind, s.thread, s.annotations)
-            )
-    return For(s.var, s.extent, body, s.kind, s.thread, s.annotations)
+
+    def visit_For(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
+        if isinstance(body, IfThenElse) and body.else_ is None and s.kind != "thread":
+            parts = _conjuncts(body.cond)
+            outside = [c for c in parts if s.var not in free_vars(c)]
+            if outside:
+                inside = [c for c in parts if s.var in free_vars(c)]
+                inner = IfThenElse(logical_and(*inside), body.then) if inside else body.then
+                return IfThenElse(logical_and(*outside), with_body(s, inner))
+        return with_body(s, body)
 
 
 def _empty(s: Stmt) -> bool:
     return isinstance(s, SeqStmt) and not s.stmts
-
-
-def _subst(s: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    def f(e: Expr) -> Expr:
-        return substitute(e, mapping)
-
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_subst(x, mapping) for x in s.stmts])
-    if isinstance(s, For):
-        return For(s.var, s.extent, _subst(s.body, mapping), s.kind, s.thread, s.annotations)
-    if isinstance(s, IfThenElse):
-        return IfThenElse(f(s.cond), _subst(s.then, mapping), _subst(s.else_, mapping) if s.else_ else None)
-    if isinstance(s, BufferStore):
-        return BufferStore(s.buffer, tuple(f(i) for i in s.indices), f(s.value))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _subst(s.body, mapping))
-    if isinstance(s, Evaluate):
-        return Evaluate(f(s.expr))
-    return s
 
 
 def _tree_reduction(loop: For, body: Stmt) -> Stmt | None:
@@ -293,12 +270,12 @@ def _size(s: Stmt) -> int:
     return sum(1 for _ in walk_stmts(s))
 
 
-def _unroll(s: Stmt) -> Stmt:
-    """Unroll small 'unrolled' loops explicitly (innermost first) so indices become constants."""
-    if isinstance(s, SeqStmt):
-        return seq(*(_unroll(x) for x in s.stmts))
-    if isinstance(s, For):
-        body = _unroll(s.body)
+class _Unroll(StmtMutator):
+    """Unroll small 'unrolled' loops explicitly (innermost first) so indices become constants; a loop
+    annotated ``REDUCE_TREE`` becomes a balanced tree of its terms."""
+
+    def visit_For(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
         if s.kind == "unrolled" and s.annotations.get(REDUCE_TREE):
             tree = _tree_reduction(s, body)
             if tree is not None:
@@ -308,32 +285,5 @@ def _unroll(s: Stmt) -> Stmt:
             and s.extent <= UNROLL_MAX_EXTENT
             and s.extent * _size(body) <= UNROLL_MAX_STMTS
         ):
-            copies = [_clean(_subst(body, {s.var: const(k)}), {}) for k in range(s.extent)]
-            return seq(*copies)
-        return For(s.var, s.extent, body, s.kind, s.thread, s.annotations)
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _unroll(s.then), _unroll(s.else_) if s.else_ else None)
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _unroll(s.body))
-    return s
-
-
-def rewrite_exprs(s: Stmt, fn) -> Stmt:
-    """Apply ``transform(expr, fn)`` to every expression of a lowered statement tree."""
-    return _map_exprs(s, lambda e: transform(e, fn))
-
-
-def _map_exprs(s: Stmt, f) -> Stmt:
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_map_exprs(x, f) for x in s.stmts])
-    if isinstance(s, For):
-        return For(s.var, s.extent, _map_exprs(s.body, f), s.kind, s.thread, s.annotations)
-    if isinstance(s, IfThenElse):
-        return IfThenElse(f(s.cond), _map_exprs(s.then, f), _map_exprs(s.else_, f) if s.else_ else None)
-    if isinstance(s, BufferStore):
-        return BufferStore(s.buffer, tuple(f(i) for i in s.indices), f(s.value))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _map_exprs(s.body, f))
-    if isinstance(s, Evaluate):
-        return Evaluate(f(s.expr))
-    return s
+            return seq(*(_clean(substitute_stmt(body, {s.var: const(k)})) for k in range(s.extent)))
+        return with_body(s, body)

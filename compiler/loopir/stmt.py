@@ -155,7 +155,10 @@ class PrimFunc:
 
 
 # ------------------------------------------------------------------ traversal
+# The one place that knows each statement's children (statements and expressions); the generic
+# visitors and mutators of ``compiler.loopir.visitor`` are built on these three functions.
 def stmt_children(s: Stmt) -> list[Stmt]:
+    """The statements directly under ``s``, in execution order (a Block's init before its body)."""
     if isinstance(s, (For, Allocate)):
         return [s.body]
     if isinstance(s, Block):
@@ -165,6 +168,54 @@ def stmt_children(s: Stmt) -> list[Stmt]:
     if isinstance(s, IfThenElse):
         return [s.then] if s.else_ is None else [s.then, s.else_]
     return []
+
+
+def stmt_exprs(s: Stmt) -> list[Expr]:
+    """The expressions ``s`` itself holds (not those of the statements under it)."""
+    if isinstance(s, BufferStore):
+        return [*s.indices, s.value]
+    if isinstance(s, IfThenElse):
+        return [s.cond]
+    if isinstance(s, Evaluate):
+        return [s.expr]
+    if isinstance(s, Block):
+        return list(s.bindings) if s.predicate is None else [*s.bindings, s.predicate]
+    return []
+
+
+def rebuild_stmt(s: Stmt, kids: list[Stmt], exprs: list[Expr]) -> Stmt:
+    """``s`` with its children (as :func:`stmt_children` lists them) replaced by ``kids`` and its
+    expressions (as :func:`stmt_exprs` lists them) by ``exprs``; ``s`` itself when nothing changed.
+    A rebuilt sequence is flattened (:func:`seq`, empty sequences dropped)."""
+    if all(a is b for a, b in zip(stmt_children(s), kids)) and all(
+        a is b for a, b in zip(stmt_exprs(s), exprs)
+    ):
+        return s
+    if isinstance(s, For):
+        return For(s.var, s.extent, kids[0], s.kind, s.thread, dict(s.annotations))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, kids[0])
+    if isinstance(s, SeqStmt):
+        return seq(*kids) if kids else SeqStmt([])
+    if isinstance(s, IfThenElse):
+        return IfThenElse(exprs[0], kids[0], kids[1] if s.else_ is not None else None)
+    if isinstance(s, BufferStore):
+        return BufferStore(s.buffer, tuple(exprs[:-1]), exprs[-1])
+    if isinstance(s, Evaluate):
+        return Evaluate(exprs[0])
+    if isinstance(s, Block):
+        n = len(s.bindings)
+        return Block(
+            s.name,
+            list(s.iter_vars),
+            list(exprs[:n]),
+            kids[-1],
+            kids[0] if s.init is not None else None,
+            exprs[n] if s.predicate is not None else None,
+            list(s.alloc_buffers),
+            dict(s.annotations),
+        )
+    raise TypeError(f"rebuild_stmt: unknown statement {type(s).__name__}")
 
 
 def walk_stmts(s: Stmt) -> Iterator[Stmt]:

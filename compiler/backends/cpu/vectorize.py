@@ -35,7 +35,8 @@ from compiler.loopir.expr import (
     substitute,
     walk,
 )
-from compiler.loopir.stmt import BufferStore, For, IfThenElse, SeqStmt, Stmt, stmt_children
+from compiler.loopir.stmt import BufferStore, For, IfThenElse, SeqStmt, Stmt
+from compiler.loopir.visitor import post_order, substitute_stmt
 
 if TYPE_CHECKING:
     from compiler.backends.cpu.codegen import CPrinter
@@ -51,51 +52,18 @@ class NoVector(Exception):
 # ------------------------------------------------------------------ splitting
 def split_vector_loops(s: Stmt, max_lanes: int) -> Stmt:
     """Rewrite vectorized loops wider than ``max_lanes`` into unrolled chunks of a supported width."""
-    kids = stmt_children(s)
-    new_kids = [split_vector_loops(k, max_lanes) for k in kids]
-    if any(a is not b for a, b in zip(kids, new_kids)):
-        s = _with_children(s, new_kids)
-    if not (isinstance(s, For) and s.kind == "vectorized"):
-        return s
-    width = next((w for w in WIDTHS if w <= max_lanes and s.extent % w == 0), None)
-    if width is None or width == s.extent:
-        return s
-    outer, inner = Var(f"{s.var.name}_o"), Var(f"{s.var.name}_i")
-    body = _subst_stmt(s.body, {s.var: outer * width + inner})
-    return For(outer, s.extent // width, For(inner, width, body, "vectorized"), "unrolled")
 
+    def split(x: Stmt) -> Stmt | None:
+        if not (isinstance(x, For) and x.kind == "vectorized"):
+            return None
+        width = next((w for w in WIDTHS if w <= max_lanes and x.extent % w == 0), None)
+        if width is None or width == x.extent:
+            return None
+        outer, inner = Var(f"{x.var.name}_o"), Var(f"{x.var.name}_i")
+        body = substitute_stmt(x.body, {x.var: outer * width + inner})
+        return For(outer, x.extent // width, For(inner, width, body, "vectorized"), "unrolled")
 
-def _with_children(s: Stmt, kids: list[Stmt]) -> Stmt:
-    from compiler.loopir.stmt import Allocate
-
-    if isinstance(s, For):
-        return For(s.var, s.extent, kids[0], s.kind, s.thread, dict(s.annotations))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, kids[0])
-    if isinstance(s, SeqStmt):
-        return SeqStmt(kids)
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, kids[0], kids[1] if len(kids) > 1 else None)
-    return s
-
-
-def _subst_stmt(s: Stmt, m: dict[Var, Expr]) -> Stmt:
-    from compiler.loopir.stmt import Allocate, Evaluate
-
-    if isinstance(s, BufferStore):
-        return BufferStore(s.buffer, tuple(substitute(i, m) for i in s.indices), substitute(s.value, m))
-    if isinstance(s, Evaluate):
-        return Evaluate(substitute(s.expr, m))
-    if isinstance(s, IfThenElse):
-        els = _subst_stmt(s.else_, m) if s.else_ is not None else None
-        return IfThenElse(substitute(s.cond, m), _subst_stmt(s.then, m), els)
-    if isinstance(s, For):
-        return For(s.var, s.extent, _subst_stmt(s.body, m), s.kind, s.thread, dict(s.annotations))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _subst_stmt(s.body, m))
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_subst_stmt(x, m) for x in s.stmts])
-    return s
+    return post_order(s, split)
 
 
 # ------------------------------------------------------------------- printing

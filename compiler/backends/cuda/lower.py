@@ -32,17 +32,18 @@ so every participating thread ends with the full result (an all-reduce): a local
 no broadcast. The extent ``E`` must be the block's x size, a power of two up to 32 or a multiple of 32;
 other thread axes (rows of a block on ``threadIdx.y``) index the shared buffer.
 
-:func:`finish` double-buffers annotated loops (``lower_cuda_pipeline``), guards stores to shared/global
-memory made outside a loop of a used thread axis (they run on thread 0 of that axis, as an extent-1
-thread loop), inserts ``__syncthreads()`` between statements that communicate through shared memory
-(``lower_cuda_sync``: only at points all threads reach), and records the launch shape.
+:func:`finish` double-buffers annotated loops (``compiler.backends.cuda.pipeline``), guards stores to
+shared/global memory made outside a loop of a used thread axis (they run on thread 0 of that axis, as an
+extent-1 thread loop), inserts ``__syncthreads()`` between statements that communicate through shared memory
+(``compiler.backends.cuda.sync``: only at points all threads reach), and records the launch shape.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 
+from compiler.backends.cuda.pipeline import double_buffer
+from compiler.backends.cuda.sync import insert_barriers, is_thread_axis
 from compiler.errors import CompileError
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import (
@@ -60,7 +61,6 @@ from compiler.loopir.expr import (
     reduce_identity,
     select,
     substitute,
-    walk,
 )
 from compiler.loopir.stmt import (
     Allocate,
@@ -68,15 +68,27 @@ from compiler.loopir.stmt import (
     Block,
     Buffer,
     BufferStore,
-    Evaluate,
     For,
     IfThenElse,
     PrimFunc,
     SeqStmt,
     Stmt,
     seq,
+    stmt_exprs,
     walk_stmts,
 )
+from compiler.loopir.visitor import StmtExprVisitor, StmtMutator, StmtVisitor
+
+__all__ = [
+    "finish",
+    "is_thread_axis",
+    "kernel_parts",
+    "launch_info",
+    "prepare",
+    "stmt_exprs",
+    "thread_dims",
+    "unify_thread_vars",
+]
 
 AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 VAR_NAMES = {"blockIdx.x": "bx", "blockIdx.y": "by", "blockIdx.z": "bz"} | {
@@ -86,15 +98,6 @@ VAR_NAMES = {"blockIdx.x": "bx", "blockIdx.y": "by", "blockIdx.z": "bz"} | {
 }
 WARP = 32
 _COMBINER_OF = {"+": "sum", "max": "max", "min": "min"}
-
-
-def uses_threads(s: Stmt) -> bool:
-    """Whether any loop under ``s`` is bound to a GPU thread axis."""
-    return any(isinstance(x, For) and x.kind == "thread" for x in walk_stmts(s))
-
-
-def is_thread_axis(tag: str | None) -> bool:
-    return bool(tag) and tag.startswith("threadIdx")  # type: ignore[union-attr]
 
 
 def _nests(root: Block) -> list[Stmt]:
@@ -123,36 +126,35 @@ def unify_thread_vars(nest: Stmt, fname: str = "?") -> tuple[dict[str, int], dic
     dims: dict[str, int] = {}
     mapping: dict[Var, Expr] = {}
 
-    def visit(s: Stmt, active: frozenset[str]) -> None:
-        if isinstance(s, For) and s.kind == "thread":
+    class Unify(StmtVisitor):
+        active: frozenset[str] = frozenset()
+
+        def visit_For(self, s: For) -> None:
+            if s.kind != "thread":
+                self.generic_visit_stmt(s)
+                return
             tag = s.thread or ""
             if tag not in AXES:
                 raise CompileError(f"kernel {fname}: loop {s.var.name} is bound to unknown axis {tag!r}")
-            if tag in active:
+            if tag in self.active:
                 raise CompileError(
                     f"kernel {fname}: loop {s.var.name} is bound to {tag} inside another loop bound to {tag}"
                 )
             var = canon.setdefault(tag, Var(VAR_NAMES[tag]))
             if s.var is not var:
                 mapping[s.var] = var
-                s.var = var
+                s.var = var  # in place: ``prepare`` works on its own copy of the function
             dims[tag] = max(dims.get(tag, 1), s.extent)
-            active = active | {tag}
-        for c in _children(s):
-            visit(c, active)
+            outer, self.active = self.active, self.active | {tag}
+            self.generic_visit_stmt(s)
+            self.active = outer
 
-    visit(nest, frozenset())
+    Unify().visit_stmt(nest)
     for b in [*([nest] if isinstance(nest, Block) else []), *A.blocks_under(nest)]:
         b.bindings = [substitute(e, mapping) for e in b.bindings]
         if b.predicate is not None:
             b.predicate = substitute(b.predicate, mapping)
     return dims, canon
-
-
-def _children(s: Stmt) -> list[Stmt]:
-    from compiler.loopir.stmt import stmt_children
-
-    return stmt_children(s)
 
 
 def _lower_cross_thread(
@@ -286,37 +288,31 @@ def kernel_parts(body: Stmt) -> list[Stmt]:
 
 
 def _buffers_used(s: Stmt) -> set[int]:
+    """Uids of the buffers loaded or stored under ``s``."""
     out: set[int] = set()
-    for x in walk_stmts(s):
-        for e in stmt_exprs(x):
-            out.update(ld.buffer.uid for ld in walk(e) if isinstance(ld, Load))
-        if isinstance(x, BufferStore):
+
+    class Used(StmtExprVisitor):
+        def visit_Load(self, e: Load) -> None:
+            out.add(e.buffer.uid)
+            self.generic_visit_expr(e)
+
+        def visit_BufferStore(self, x: BufferStore) -> None:
             out.add(x.buffer.uid)
+            self.generic_visit_stmt(x)
+
+    Used().visit_stmt(s)
     return out
-
-
-def stmt_exprs(s: Stmt) -> list[Expr]:
-    if isinstance(s, BufferStore):
-        return [*s.indices, s.value]
-    if isinstance(s, IfThenElse):
-        return [s.cond]
-    if isinstance(s, Evaluate):
-        return [s.expr]
-    return []
 
 
 def finish(func: PrimFunc) -> PrimFunc:
     """Guard single-thread stores, insert barriers and record the launch shape of every kernel."""
-    from compiler.backends.cuda import pipeline as lower_cuda_pipeline
-    from compiler.backends.cuda.sync import insert_barriers
-
     parts = []
     for part in kernel_parts(func.body):
         dims = thread_dims(part)
         if not any(tag.startswith("blockIdx") for tag in dims):  # one block: a grid of extent 1
             part = For(Var("bx"), 1, part, "thread", "blockIdx.x")
-        part = lower_cuda_pipeline.apply(part)
-        part = _guard_stores(part, dims, frozenset())
+        part = double_buffer(part)
+        part = _GuardStores(dims).visit_stmt(part)
         part = insert_barriers(part, dims)
         parts.append(part)
     body = seq(*parts) if len(parts) > 1 else parts[0]
@@ -353,31 +349,27 @@ def _align(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def _guard_stores(s: Stmt, dims: dict[str, int], inside: frozenset[str]) -> Stmt:
+class _GuardStores(StmtMutator):
     """Stores to shared/global memory outside a loop of a used thread axis run on thread 0 of it."""
-    if isinstance(s, BufferStore):
+
+    def __init__(self, dims: dict[str, int]) -> None:
+        self.dims = dims
+        self.inside: frozenset[str] = frozenset()
+
+    def visit_BufferStore(self, s: BufferStore) -> Stmt:
         if s.buffer.scope == "local":
             return s
         out: Stmt = s
         for tag in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
-            if dims.get(tag, 1) > 1 and tag not in inside:
+            if self.dims.get(tag, 1) > 1 and tag not in self.inside:
                 out = For(Var(f"{VAR_NAMES[tag]}0"), 1, out, "thread", tag)
         return out
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_guard_stores(x, dims, inside) for x in s.stmts])
-    if isinstance(s, For):
-        inner = inside | {s.thread} if s.kind == "thread" and s.thread else inside
-        return For(s.var, s.extent, _guard_stores(s.body, dims, inner), s.kind, s.thread, s.annotations)
-    if isinstance(s, IfThenElse):
-        return IfThenElse(
-            s.cond,
-            _guard_stores(s.then, dims, inside),
-            _guard_stores(s.else_, dims, inside) if s.else_ is not None else None,
-        )
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _guard_stores(s.body, dims, inside))
-    return s
 
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+    def visit_For(self, s: For) -> Stmt:
+        outer = self.inside
+        if s.kind == "thread" and s.thread:
+            self.inside = outer | {s.thread}
+        try:
+            return self.generic_visit_stmt(s)
+        finally:
+            self.inside = outer

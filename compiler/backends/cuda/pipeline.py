@@ -19,8 +19,7 @@ have this shape are left as they are.
 
 from __future__ import annotations
 
-from compiler.loopir.expr import Expr, Load, Var, const
-from compiler.loopir.lower import rewrite_exprs
+from compiler.loopir.expr import Expr, Load, const
 from compiler.loopir.stmt import (
     Allocate,
     Barrier,
@@ -33,26 +32,29 @@ from compiler.loopir.stmt import (
     seq,
     walk_stmts,
 )
+from compiler.loopir.visitor import (
+    StmtExprVisitor,
+    StmtMutator,
+    StmtVisitor,
+    map_stores,
+    post_order,
+    replace_loads,
+    substitute_stmt,
+    with_body,
+)
 
 MAX_SLOTS = 64  # staged values per thread
 
 
-def apply(s: Stmt) -> Stmt:
-    """Double-buffer every annotated loop under ``s``."""
-    if isinstance(s, SeqStmt):
-        return seq(*(apply(x) for x in s.stmts)) if s.stmts else s
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, apply(s.body))
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, apply(s.then), apply(s.else_) if s.else_ is not None else None)
-    if not isinstance(s, For):
-        return s
-    loop = For(s.var, s.extent, apply(s.body), s.kind, s.thread, s.annotations)
-    if loop.annotations.get("double_buffer") and loop.kind != "thread" and loop.extent > 1:
-        out = _pipeline(loop)
-        if out is not None:
-            return out
-    return loop
+def double_buffer(s: Stmt) -> Stmt:
+    """Double-buffer every annotated loop under ``s`` (innermost first)."""
+    return post_order(s, _pipeline_loop)
+
+
+def _pipeline_loop(s: Stmt) -> Stmt | None:
+    if isinstance(s, For) and s.annotations.get("double_buffer") and s.kind != "thread" and s.extent > 1:
+        return _pipeline(s)
+    return None
 
 
 def _pipeline(loop: For) -> Stmt | None:
@@ -83,18 +85,18 @@ def _pipeline(loop: For) -> Stmt | None:
     ko = loop.var
 
     def shift(st: Stmt, delta: int) -> Stmt:
-        return rewrite_exprs(st, lambda x: ko + delta if x is ko else None) if delta else st
+        return substitute_stmt(st, {ko: ko + delta}) if delta else st
 
     def stage_of(e: Expr) -> Expr:
         return e % 2
 
     loads, stores, counter = [], [], [0]
     for p in producers:
-        loads.append(_map_stores(p, lambda st: BufferStore(regs, (const(_take(counter)),), st.value)))
+        loads.append(map_stores(p, lambda st: BufferStore(regs, (const(_take(counter)),), st.value)))
     counter[0] = 0
     for p in producers:
         stores.append(
-            _map_stores(
+            map_stores(
                 p,
                 lambda st: BufferStore(
                     staged[st.buffer.uid], (stage_of(ko), *st.indices), Load(regs, (const(_take(counter)),))
@@ -104,7 +106,7 @@ def _pipeline(loop: For) -> Stmt | None:
 
     # consumers read the current stage
     def read_stage(st: Stmt) -> Stmt:
-        return _map_loads(
+        return replace_loads(
             st,
             lambda ld: (
                 Load(staged[ld.buffer.uid], (stage_of(ko), *ld.indices)) if ld.buffer.uid in staged else None
@@ -113,7 +115,7 @@ def _pipeline(loop: For) -> Stmt | None:
 
     consumer = seq(*(read_stage(c) for c in consumers))
     zero = {ko: const(0)}
-    prologue = [_subst(x, zero) for x in loads] + [_subst(x, zero) for x in stores]
+    prologue = [substitute_stmt(x, zero) for x in loads] + [substitute_stmt(x, zero) for x in stores]
     more = (ko + 1).lt(loop.extent)
     next_loads = IfThenElse(more, seq(*(shift(x, 1) for x in loads)))
     next_stores = IfThenElse(more, seq(*(shift(x, 1) for x in stores)))
@@ -137,69 +139,54 @@ def _take(counter: list[int]) -> int:
     return counter[0] - 1
 
 
-def _subst(s: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    return rewrite_exprs(s, lambda x: mapping.get(x) if isinstance(x, Var) else None)
-
-
 def _writes(s: Stmt) -> set[int]:
     return {x.buffer.uid for x in walk_stmts(s) if isinstance(x, BufferStore)}
 
 
 def _reads(s: Stmt) -> set[int]:
-    from compiler.backends.cuda.lower import stmt_exprs
-    from compiler.loopir.expr import walk
+    out: set[int] = set()
 
-    return {
-        ld.buffer.uid for x in walk_stmts(s) for e in stmt_exprs(x) for ld in walk(e) if isinstance(ld, Load)
-    }
+    class Reads(StmtExprVisitor):
+        def visit_Load(self, e: Load) -> None:
+            out.add(e.buffer.uid)
+            self.generic_visit_expr(e)
+
+    Reads().visit_stmt(s)
+    return out
 
 
-def _in_loop(s: Stmt, inside: bool = False) -> bool:
+class _InLoop(StmtVisitor):
     """Whether a store sits inside a non-thread loop (it would need a slot per iteration)."""
-    if isinstance(s, BufferStore):
-        return inside
-    if isinstance(s, For):
-        return _in_loop(s.body, inside or s.kind != "thread")
-    if isinstance(s, SeqStmt):
-        return any(_in_loop(x, inside) for x in s.stmts)
-    if isinstance(s, IfThenElse):
-        return _in_loop(s.then, inside) or (s.else_ is not None and _in_loop(s.else_, inside))
-    if isinstance(s, Allocate):
-        return _in_loop(s.body, inside)
-    return False
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.found = False
+
+    def visit_For(self, s: For) -> None:
+        serial = s.kind != "thread"
+        self.depth += serial
+        self.generic_visit_stmt(s)
+        self.depth -= serial
+
+    def visit_BufferStore(self, s: BufferStore) -> None:
+        self.found = self.found or self.depth > 0
+
+
+def _in_loop(s: Stmt) -> bool:
+    v = _InLoop()
+    v.visit_stmt(s)
+    return v.found
+
+
+class _Expand(StmtMutator):
+    """Fully expand the small non-thread loops around stores (each store instance gets a slot)."""
+
+    def visit_For(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
+        if s.kind != "thread" and s.extent <= MAX_SLOTS:
+            return seq(*(substitute_stmt(body, {s.var: const(k, s.var.dtype)}) for k in range(s.extent)))
+        return with_body(s, body)
 
 
 def _expand(s: Stmt) -> Stmt:
-    """Fully expand the small non-thread loops around stores (each store instance gets a slot)."""
-    if isinstance(s, For):
-        body = _expand(s.body)
-        if s.kind != "thread" and s.extent <= MAX_SLOTS:
-            return seq(*(_subst(body, {s.var: const(k, s.var.dtype)}) for k in range(s.extent)))
-        return For(s.var, s.extent, body, s.kind, s.thread, s.annotations)
-    if isinstance(s, SeqStmt):
-        return seq(*(_expand(x) for x in s.stmts))
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _expand(s.then), _expand(s.else_) if s.else_ is not None else None)
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _expand(s.body))
-    return s
-
-
-def _map_stores(s: Stmt, fn) -> Stmt:
-    if isinstance(s, BufferStore):
-        return fn(s)
-    if isinstance(s, For):
-        return For(s.var, s.extent, _map_stores(s.body, fn), s.kind, s.thread, s.annotations)
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_map_stores(x, fn) for x in s.stmts])
-    if isinstance(s, IfThenElse):
-        return IfThenElse(
-            s.cond, _map_stores(s.then, fn), _map_stores(s.else_, fn) if s.else_ is not None else None
-        )
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _map_stores(s.body, fn))
-    return s
-
-
-def _map_loads(s: Stmt, fn) -> Stmt:
-    return rewrite_exprs(s, lambda x: fn(x) if isinstance(x, Load) else None)
+    return _Expand().visit_stmt(s)

@@ -17,15 +17,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from compiler.backends.cuda.lower import is_thread_axis, stmt_exprs
 from compiler.loopir.expr import Expr, Load, Var, free_vars, walk
-from compiler.loopir.stmt import Allocate, Barrier, BufferStore, For, IfThenElse, SeqStmt, Stmt, seq
+from compiler.loopir.stmt import (
+    Allocate,
+    Barrier,
+    BufferStore,
+    For,
+    IfThenElse,
+    SeqStmt,
+    Stmt,
+    seq,
+    stmt_exprs,
+)
+from compiler.loopir.visitor import StmtMutator, with_body
+
+
+def is_thread_axis(tag: str | None) -> bool:
+    """Whether a loop's binding tag is one of ``threadIdx.x/y/z``."""
+    return bool(tag) and tag.startswith("threadIdx")  # type: ignore[union-attr]
 
 
 def insert_barriers(part: Stmt, dims: dict[str, int]) -> Stmt:
     """``part`` (one kernel) with the barriers its shared-memory traffic needs."""
-    out, _ = _sync_stmt(part, dims, frozenset())
-    return out
+    return _Sync(dims).visit_stmt(part)
 
 
 @dataclass(frozen=True)
@@ -91,51 +105,50 @@ def _uniform_cond(e: Expr, uniform: frozenset[Var]) -> bool:
     return not any(isinstance(x, Load) for x in walk(e)) and free_vars(e) <= uniform
 
 
-def _sync_stmt(s: Stmt, dims: dict[str, int], uniform: frozenset[Var]) -> tuple[Stmt, bool]:
-    """Insert barriers inside ``s`` where all threads of the block reach them. ``uniform`` holds the
-    variables with one value per block (blockIdx and serial loop variables). Returns (stmt, changed)."""
-    if isinstance(s, SeqStmt):
-        stmts, _ = _sync_seq(s.stmts, dims, uniform, EMPTY)
-        return SeqStmt(stmts), True
-    if isinstance(s, Allocate):
-        body, _ = _sync_stmt(s.body, dims, uniform)
-        return Allocate(s.buffer, body), True
-    if isinstance(s, IfThenElse):
-        if not _uniform_cond(s.cond, uniform):
-            return s, False
-        then, _ = _sync_stmt(s.then, dims, uniform)
-        other = _sync_stmt(s.else_, dims, uniform)[0] if s.else_ is not None else None
-        return IfThenElse(s.cond, then, other), True
-    if isinstance(s, For):
+class _Sync(StmtMutator):
+    """Insert barriers where all threads of the block reach them. ``uniform`` holds the variables with one
+    value per block (blockIdx and serial loop variables)."""
+
+    def __init__(self, dims: dict[str, int]) -> None:
+        self.dims = dims
+        self.uniform: frozenset[Var] = frozenset()
+
+    def visit_SeqStmt(self, s: SeqStmt) -> Stmt:
+        stmts, _ = self.sync_seq(s.stmts, EMPTY)
+        return SeqStmt(stmts)
+
+    def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
+        if not _uniform_cond(s.cond, self.uniform):
+            return s  # threads diverge: summarised as a whole by the enclosing sequence
+        return self.generic_visit_stmt(s)
+
+    def visit_For(self, s: For) -> Stmt:
         if s.annotations.get("kiln_synced"):
-            return s, False  # barriers placed by the pipeline transform
+            return s  # barriers placed by the pipeline transform
         if s.kind == "thread":
-            if is_thread_axis(s.thread) and s.extent != dims.get(s.thread or "", s.extent):
-                return s, False  # a partial thread loop: threads diverge inside
-            inner = uniform if is_thread_axis(s.thread) else uniform | {s.var}
+            if is_thread_axis(s.thread) and s.extent != self.dims.get(s.thread or "", s.extent):
+                return s  # a partial thread loop: threads diverge inside
+            inner = self.uniform if is_thread_axis(s.thread) else self.uniform | {s.var}
         else:
-            inner = uniform | {s.var}
-        stmts = s.body.stmts if isinstance(s.body, SeqStmt) else [s.body]
-        new, pending = _sync_seq(stmts, dims, inner, EMPTY)
+            inner = self.uniform | {s.var}
+        outer, self.uniform = self.uniform, inner
+        try:
+            new, pending = self.sync_seq(s.body.stmts if isinstance(s.body, SeqStmt) else [s.body], EMPTY)
+        finally:
+            self.uniform = outer
         carried = s.kind != "thread" and s.extent > 1  # thread loops run side by side, not in turn
         if carried and pending.conflicts(_summary(SeqStmt(new)).first):
             new.append(Barrier())  # the next iteration overwrites or reads what this one left
-        return For(
-            s.var, s.extent, seq(*new) if len(new) != 1 else new[0], s.kind, s.thread, s.annotations
-        ), True
-    return s, False
+        return with_body(s, seq(*new) if len(new) != 1 else new[0])
 
-
-def _sync_seq(
-    stmts: list[Stmt], dims: dict[str, int], uniform: frozenset[Var], pending: _Acc
-) -> tuple[list[Stmt], _Acc]:
-    out: list[Stmt] = []
-    for x in stmts:
-        x, _ = _sync_stmt(x, dims, uniform)
-        sm = _summary(x)
-        if pending.conflicts(sm.first):
-            out.append(Barrier())
-            pending = EMPTY
-        out.append(x)
-        pending = sm.last if sm.barrier else pending | sm.first
-    return out, pending
+    def sync_seq(self, stmts: list[Stmt], pending: _Acc) -> tuple[list[Stmt], _Acc]:
+        out: list[Stmt] = []
+        for x in stmts:
+            x = self.visit_stmt(x)
+            sm = _summary(x)
+            if pending.conflicts(sm.first):
+                out.append(Barrier())
+                pending = EMPTY
+            out.append(x)
+            pending = sm.last if sm.barrier else pending | sm.first
+        return out, pending

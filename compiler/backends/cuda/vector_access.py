@@ -28,20 +28,21 @@ from compiler.loopir.expr import (
     children,
     const,
     free_vars,
+    rebuild,
     substitute,
+    walk,
 )
-from compiler.loopir.lower import rewrite_exprs
 from compiler.loopir.stmt import (
-    Allocate,
     Buffer,
     BufferStore,
     For,
     IfThenElse,
-    SeqStmt,
     Stmt,
     seq,
+    stmt_exprs,
     walk_stmts,
 )
+from compiler.loopir.visitor import post_order, substitute_stmt
 
 if TYPE_CHECKING:
     from compiler.backends.cuda.codegen import CudaPrinter
@@ -53,24 +54,16 @@ LANES = "xyzw"
 def expand_vector_loops(s: Stmt) -> Stmt:
     """Vectorized loops (extent <= EXPAND_LIMIT) become straight-line copies; a body guarded by a
     condition linear in the lane gets a vector path (first and last lane pass) and a scalar one."""
-    if isinstance(s, SeqStmt):
-        return seq(*(expand_vector_loops(x) for x in s.stmts)) if s.stmts else s
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, expand_vector_loops(s.body))
-    if isinstance(s, IfThenElse):
-        return IfThenElse(
-            s.cond,
-            expand_vector_loops(s.then),
-            expand_vector_loops(s.else_) if s.else_ is not None else None,
-        )
-    if not isinstance(s, For):
-        return s
-    body = expand_vector_loops(s.body)
-    if s.kind != "vectorized" or s.extent > EXPAND_LIMIT:
-        return For(s.var, s.extent, body, s.kind, s.thread, s.annotations)
+    return post_order(s, _expand_loop)
+
+
+def _expand_loop(s: Stmt) -> Stmt | None:
+    if not isinstance(s, For) or s.kind != "vectorized" or s.extent > EXPAND_LIMIT:
+        return None
+    body = s.body
 
     def copy(st: Stmt, k: int) -> Stmt:
-        return rewrite_exprs(st, lambda x: const(k, x.dtype) if x is s.var else None)
+        return substitute_stmt(st, {s.var: const(k, s.var.dtype)})
 
     if isinstance(body, IfThenElse) and body.else_ is None and _linear_guard(body.cond, s.var):
         first, last = copy_expr(body.cond, s.var, 0), copy_expr(body.cond, s.var, s.extent - 1)
@@ -81,8 +74,7 @@ def expand_vector_loops(s: Stmt) -> Stmt:
 
 
 def uses_var(s: Stmt, var: Var) -> bool:
-    from compiler.backends.cuda.lower import stmt_exprs
-
+    """Whether ``var`` occurs in an expression under ``s``."""
     return any(var in free_vars(e) for x in walk_stmts(s) for e in stmt_exprs(x))
 
 
@@ -97,14 +89,8 @@ def _linear_guard(e: Expr, var: Var) -> bool:
     if isinstance(e, Compare) and e.op in ("<", "<=", ">", ">="):
         return all(
             var not in free_vars(x) or simp.linear_coeff(x, var) is not None for x in (e.a, e.b)
-        ) and not any(isinstance(x, Load) for x in _walk(e))
+        ) and not any(isinstance(x, Load) for x in walk(e))
     return False
-
-
-def _walk(e: Expr):
-    from compiler.loopir.expr import walk
-
-    return walk(e)
 
 
 def _divisible(e: Expr, d: int) -> bool:
@@ -133,10 +119,7 @@ def lane_split(e: Expr, ranges: dict) -> Expr:
     and 0 <= r < g: the lane offset of a vector access leaves the modulo (broadcast reads)."""
     if not dtypes.is_int(e.dtype):
         return e
-    kids = [lane_split(c, ranges) for c in children(e)]
-    from compiler.loopir.expr import rebuild
-
-    e = rebuild(e, kids)
+    e = rebuild(e, [lane_split(c, ranges) for c in children(e)])
     if isinstance(e, Binary) and e.op in ("%", "//") and isinstance(e.b, Const) and int(e.b.value) > 0:
         dd = int(e.b.value)
         g = math.gcd(dd, 4)
@@ -178,7 +161,7 @@ class VectorPlan:
                 buf = ld.buffer
                 if buf.scope == "local" or buf.dtype != "float32" or buf.uid in stored:
                     continue
-                if any(isinstance(x, Load) for i in ld.indices for x in _walk(i)):
+                if any(isinstance(x, Load) for i in ld.indices for x in walk(i)):
                     continue
                 key, c, flat = _split_flat(p, buf, ld.indices)
                 if key is None:
