@@ -3,6 +3,7 @@ narrowing, the gcc flags of a narrowed host, and target keys."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -142,25 +143,39 @@ def test_cuda_targets_have_no_gcc_flags():
         Target.cuda().cflags()
 
 
-def test_the_environment_variable_narrows_the_host_and_the_kernel_flags():
-    """In a fresh process (Target.host() and the gcc flags are fixed once per process)."""
+NARROW_SCRIPT = """
+import json, subprocess
+from compiler.backends.cpu import gcc
+from compiler.target import Target
+src = ("typedef float v16 __attribute__((vector_size(64)));"
+       "void k(v16* a, const v16* b) { for (int i = 0; i < 64; ++i) a[i] = a[i] * b[i] + a[i]; }")
+asm = subprocess.run(["objdump", "-d", str(gcc.compile_source(src))], capture_output=True, text=True).stdout
+t = Target.host()
+print(json.dumps({"key": t.key, "vector_bytes": t.vector_bytes, "flags": gcc.FLAGS, "asm": asm}))
+"""
+
+
+def test_the_environment_variable_narrows_the_host_and_the_code_gcc_generates(tmp_path):
+    """In a fresh process (Target.host() and the gcc flags are fixed once per process): the narrowed host
+    reports the narrower vectors, has its own key, and gcc uses no register wider than it."""
     host = Target.host()
-    if host.kind != "cpu" or host.vector_bytes <= 16:
-        pytest.skip(f"the host {host.key} has nothing to narrow")
-    isa = "sse" if host.arch == "x86_64" else None
-    if isa is None:
-        pytest.skip(f"{host.arch} has one ISA level")
-    script = (
-        "from compiler.target import Target; from compiler.backends.cpu import gcc; "
-        "t = Target.host(); print(t.key, t.vector_bytes, ' '.join(gcc.FLAGS))"
+    if host.arch != "x86_64" or host.vector_bytes <= 16:
+        pytest.skip(f"the host {host.key} has one ISA level or nothing to narrow")
+    isa, width, flag, wider = (
+        ("avx2", 32, "-mno-avx512f", "zmm") if host.vector_bytes == 64 else ("sse", 16, "-mno-avx", "ymm")
     )
-    env_out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(isa), check=True
-    ).stdout
-    assert f"[{isa}]/" in env_out and " 16 " in env_out and "-march=native -mno-avx " in env_out
-    bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env("avx1024"))
+    env = {**os.environ, HOST_ISA_ENV: isa, "KILN_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", NARROW_SCRIPT], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["key"] != host.key and f"[{isa}]/" in out["key"] and out["vector_bytes"] == width
+    assert out["flags"][1:3] == ["-march=native", flag]
+    if "Disassembly" in out["asm"]:  # objdump is there
+        assert wider not in out["asm"] and "xmm" in out["asm"]
+    bad = subprocess.run(
+        [sys.executable, "-c", NARROW_SCRIPT],
+        capture_output=True,
+        text=True,
+        env={**env, HOST_ISA_ENV: "avx1024"},
+    )
     assert bad.returncode != 0 and f"{HOST_ISA_ENV}='avx1024' is not an ISA level" in bad.stderr
-
-
-def _env(isa: str) -> dict[str, str]:
-    return {**os.environ, HOST_ISA_ENV: isa}
