@@ -130,13 +130,14 @@ def build_latency() -> None:
     from compiler.backends.cpu.codegen import generate_c
     from compiler.loopir.expr import Load, Var, call
     from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc
+    from compiler.target import Target
 
     x, y = Buffer("x", (4096,), "float32"), Buffer("y", (4096,), "float32")
     i, v = Var("i"), Var("v")
     body = For(
         i, 256, For(v, 16, BufferStore(y, (i * 16 + v,), call("exp", Load(x, (i * 16 + v,)))), "vectorized")
     )
-    exp_src = generate_c([PrimFunc("k_exp", [x, y], body, 1)])
+    exp_src = generate_c([PrimFunc("k_exp", [x, y], body, 1)], Target.host())
     with tempfile.TemporaryDirectory() as d:
         os.environ["KILN_CACHE_DIR"] = d
         for label, make in (

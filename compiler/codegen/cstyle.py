@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from compiler import dtypes
 from compiler.backends.cpu.kiln_math import Prelude
 from compiler.codegen.names import NameScope, const_literal
-from compiler.codegen.promote import Promotion
+from compiler.codegen.promote import Promotion, analyze, declare_promoted, mentions, promoted_scalar
 from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import (
@@ -48,6 +48,7 @@ from compiler.loopir.stmt import (
     PrimFunc,
     SeqStmt,
     Stmt,
+    walk_stmts,
 )
 
 _SHORT = {
@@ -277,14 +278,10 @@ class CStylePrinter:
     def touches_promoted(self, s: Stmt) -> bool:
         if not self.promoted:
             return False
-        from compiler.codegen.promote import _mentions
-
-        return any(_mentions(s, b) for b in self.promoted)
+        return any(mentions(s, b) for b in self.promoted)
 
     def emit_expanded(self, s: For) -> None:
         """The loop body once per iteration with the loop variable a constant (full unrolling)."""
-        from compiler.loopir.stmt import walk_stmts
-
         scoped = any(isinstance(x, Allocate) for x in walk_stmts(s.body))
         for k in range(s.extent):
             with self.bound_const(s.var, k):
@@ -308,8 +305,6 @@ class CStylePrinter:
                 self.stmt(s.else_)
 
     def emit_allocate(self, s: Allocate) -> None:
-        from compiler.codegen.promote import analyze, declare_promoted
-
         buf = s.buffer
         result = analyze(self, s) if buf.scope == "local" else None
         name = self.names.fresh(buf.name)
@@ -352,8 +347,6 @@ class CStylePrinter:
         return self.simplified(flat)
 
     def access(self, buf: Buffer, indices: tuple[Expr, ...]) -> str:
-        from compiler.codegen.promote import promoted_scalar
-
         flat = self.flat_index(buf, indices)
         plan = self.promoted.get(buf)
         if plan is not None:

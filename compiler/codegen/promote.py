@@ -17,10 +17,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from compiler import dtypes
 from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import Const, Expr, Load, Var, const, free_vars, substitute, walk
-from compiler.loopir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, SeqStmt, Stmt
+from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, Stmt
+from compiler.loopir.visitor import StmtExprVisitor, StmtVisitor
 
 if TYPE_CHECKING:
     from compiler.codegen.cstyle import CStylePrinter
@@ -61,7 +63,7 @@ def analyze(p: CStylePrinter, alloc: Allocate) -> tuple[Promotion, set[Var]] | N
     saved = p.buf_names.get(buf)
     p.buf_names[buf] = buf.name
     try:
-        _visit(p, alloc.body, st)
+        _Visit(p, st).visit_stmt(alloc.body)
     except (_Reject, CompileError):
         return None
     finally:
@@ -76,12 +78,18 @@ def analyze(p: CStylePrinter, alloc: Allocate) -> tuple[Promotion, set[Var]] | N
     return Promotion(width), st.expand
 
 
-def _visit(p: CStylePrinter, s: Stmt, st: _Analysis) -> None:
-    if isinstance(s, SeqStmt):
-        for x in s.stmts:
-            _visit(p, x, st)
-    elif isinstance(s, For):
-        if s.kind in ("parallel", "thread") and _mentions(s.body, st.buf):
+class _Visit(StmtVisitor):
+    """Checks every access of the candidate buffer under the loops that enclose it."""
+
+    def __init__(self, p: CStylePrinter, st: _Analysis) -> None:
+        self.p, self.st = p, st
+
+    def visit_expr(self, e: Expr) -> None:
+        _check_exprs(self.p, [e], self.st)
+
+    def visit_For(self, s: For) -> None:
+        p, st = self.p, self.st
+        if s.kind in ("parallel", "thread") and mentions(s.body, st.buf):
             raise _Reject
         with p.loop_var(s.var, s.extent):
             st.loops[s.var] = s
@@ -89,23 +97,18 @@ def _visit(p: CStylePrinter, s: Stmt, st: _Analysis) -> None:
                 st.vector_ok[s.var] = p.try_vector(s)
             st.stack.append(s)
             try:
-                _visit(p, s.body, st)
+                self.visit_stmt(s.body)
             finally:
                 st.stack.pop()
-    elif isinstance(s, BufferStore):
-        _check_exprs(p, [s.value, *s.indices], st)
-        if s.buffer is st.buf:
-            _check_access(p, s.indices, st)
-    elif isinstance(s, IfThenElse):
-        _check_exprs(p, [s.cond], st)
-        _visit(p, s.then, st)
-        if s.else_ is not None:
-            _visit(p, s.else_, st)
-    elif isinstance(s, Evaluate):
-        _check_exprs(p, [s.expr], st)
-    elif isinstance(s, Allocate):
-        with _bound_name(p, s.buffer):
-            _visit(p, s.body, st)
+
+    def visit_BufferStore(self, s: BufferStore) -> None:
+        self.generic_visit_stmt(s)
+        if s.buffer is self.st.buf:
+            _check_access(self.p, s.indices, self.st)
+
+    def visit_Allocate(self, s: Allocate) -> None:
+        with _bound_name(self.p, s.buffer):
+            self.visit_stmt(s.body)
 
 
 @contextmanager
@@ -117,17 +120,31 @@ def _bound_name(p: CStylePrinter, buf: Buffer) -> Iterator[None]:
         p.buf_names.pop(buf, None)
 
 
-def _mentions(s: Stmt, buf: Buffer) -> bool:
-    from compiler.loopir.stmt import walk_stmts
+class _Found(Exception):
+    pass
 
-    for x in walk_stmts(s):
-        if isinstance(x, BufferStore) and x.buffer is buf:
-            return True
-        exprs = [x.value] if isinstance(x, BufferStore) else [x.cond] if isinstance(x, IfThenElse) else []
-        if isinstance(x, Evaluate):
-            exprs = [x.expr]
-        if any(isinstance(e, Load) and e.buffer is buf for ex in exprs for e in walk(ex)):
-            return True
+
+class _Mentions(StmtExprVisitor):
+    def __init__(self, buf: Buffer) -> None:
+        self.buf = buf
+
+    def visit_BufferStore(self, s: BufferStore) -> None:
+        if s.buffer is self.buf:
+            raise _Found
+        self.generic_visit_stmt(s)
+
+    def visit_Load(self, e: Load) -> None:
+        if e.buffer is self.buf:
+            raise _Found
+        self.generic_visit_expr(e)
+
+
+def mentions(s: Stmt, buf: Buffer) -> bool:
+    """Whether any statement under ``s`` loads or stores ``buf``."""
+    try:
+        _Mentions(buf).visit_stmt(s)
+    except _Found:
+        return True
     return False
 
 
@@ -168,11 +185,9 @@ def _check_access(p: CStylePrinter, indices: tuple[Expr, ...], st: _Analysis) ->
 
 def declare_promoted(plan: Promotion, buf: Buffer, p: CStylePrinter, name: str) -> list[str]:
     """Declaration lines of a promoted buffer's variables (names are recorded in ``plan``)."""
-    from compiler.codegen.cstyle import c_type
-
     n = math.ceil(buf.numel / plan.width)
     plan.names = [p.names.fresh(f"{name}_{k}") for k in range(n)]
-    ctype = c_type(buf.dtype) if plan.width == 1 else f"kiln_{buf.dtype[0]}32x{plan.width}"
+    ctype = dtypes.DTYPES[buf.dtype].c_type if plan.width == 1 else f"kiln_{buf.dtype[0]}32x{plan.width}"
     return [f"{ctype} {', '.join(plan.names[i : i + 8])};" for i in range(0, n, 8)]
 
 

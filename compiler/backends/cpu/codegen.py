@@ -24,7 +24,7 @@ from compiler.backends.cpu import vectorize
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
-from compiler.loopir.stmt import Buffer, For, PrimFunc, Stmt
+from compiler.loopir.stmt import Buffer, For, PrimFunc, Stmt, walk_stmts
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 CODEGEN_VERSION = "c-2"  # bump when generated code changes meaning (part of the kernel cache key)
@@ -35,10 +35,21 @@ class CPrinter(CStylePrinter):
 
     def __init__(self, target: Any = None) -> None:
         super().__init__(target)
-        vector_bytes = getattr(target, "vector_bytes", 64) if target is not None else 64
-        self.max_lanes = max(4, min(16, vector_bytes // 4))
+        # the vector width comes from the target (``Target.vector_bytes``); without a target, kernels
+        # with vectorized loops cannot be printed (see ``prepare_body``)
+        vector_bytes = getattr(target, "vector_bytes", None)
+        self.max_lanes = max(4, min(16, vector_bytes // 4)) if vector_bytes else None
 
     def prepare_body(self, body: Stmt) -> Stmt:
+        if self.max_lanes is None:
+            loop = next((x for x in walk_stmts(body) if isinstance(x, For) and x.kind == "vectorized"), None)
+            if loop is not None:
+                name = self.func.name if self.func else "?"
+                raise CompileError(
+                    f"kernel '{name}': loop '{loop.var.name}' is vectorized but no target says how wide a "
+                    "vector is: pass the Target (e.g. generate_c(funcs, Target.host()))"
+                )
+            return body
         return vectorize.split_vector_loops(body, self.max_lanes)
 
     def emit_parallel(self, s: For) -> None:

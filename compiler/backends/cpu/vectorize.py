@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from compiler.codegen.cstyle import _balanced
+from compiler.codegen.promote import promoted_vector
 from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import (
@@ -133,8 +135,6 @@ def _try_lines(p: CPrinter, s: For, body: Stmt) -> list[str] | None:
 
 
 def _strip(text: str) -> str:
-    from compiler.codegen.cstyle import _balanced
-
     if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
         return text[1:-1]
     return text
@@ -179,8 +179,6 @@ class _VectorBody:
         base = p.simplified(substitute(flat, {self.v: const(0)}))
         plan = p.promoted.get(buf)
         if plan is not None:
-            from compiler.codegen.promote import promoted_vector
-
             slot = promoted_vector(plan, base, self.w)
             if slot is None:
                 raise NoVector("promoted buffer slot mismatch")
@@ -246,8 +244,6 @@ class _VectorBody:
         if coeff == 1:
             base = p.simplified(substitute(flat, {self.v: const(0)}))
             if plan is not None:
-                from compiler.codegen.promote import promoted_vector
-
                 slot = promoted_vector(plan, base, self.w)
                 if slot is None:
                     raise NoVector("promoted buffer slot mismatch")
