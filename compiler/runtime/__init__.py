@@ -1,5 +1,7 @@
-"""Runtime shared by every backend: static memory planning (``memory_plan``), the whole-model executor
-(``executor``), assembling a model plan into it (``assemble``) and its on-disk form (``artifact``)."""
+"""Runtime shared by every backend: static memory planning (``memory_plan``), the executor core that
+each backend's compiled-model class extends with its launch step (``executor``), assembling a model plan
+into it (``assemble``), its on-disk form (``artifact``) and the on-disk cache of built kernel modules
+(``module_cache``)."""
 
 from __future__ import annotations
 

@@ -1,132 +1,116 @@
-"""Saving and loading a CompiledModel: a directory with a JSON manifest, the C source, the shared object
-and an ``.npz`` of params. No pickle anywhere: params are loaded with ``allow_pickle=False``.
+"""The on-disk form of a compiled model, the same for every backend: a directory holding
 
-Loading tries the saved shared object only when it was built on a CPU like this one (same target key and
-features: ``-march=native`` code may not run elsewhere) from the same source; otherwise, or when it does
-not load, the model is rebuilt from ``model.c`` through the kernel cache.
+* ``manifest.json``: ``format`` (``kiln-<backend>-model``, which names the backend that loads it),
+  ``format_version``, the model's name, target, kernels, buffers, launches, inputs, outputs, memory plan
+  and metadata, the name and sha256 of the source file, plus what the backend adds (the CPU: the host it
+  was built on and its shared object; CUDA: each kernel's grid and block);
+* the generated source (``model.c``, ``model.cu``) and any file the backend adds (``model.so``);
+* ``params.npz``: the params, read back with ``allow_pickle=False`` (no pickle anywhere).
+
+Every file is written atomically (:mod:`compiler.runtime.module_cache`: a temporary file, then
+``os.replace``) and the manifest last, so a directory with a manifest is complete. This module reads and
+writes the files; :class:`~compiler.runtime.executor.CompiledModel` turns them into a model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from compiler.backends.cpu import gcc as cbuild
-from compiler.errors import CompileError, KilnError
-from compiler.runtime.memory_plan import BufferSpec, Launch
-from compiler.target import Target
+from compiler.errors import KilnError
+from compiler.runtime.module_cache import replacing, write_atomic
 
-if TYPE_CHECKING:
-    from compiler.runtime.executor import CompiledModel
-
-FORMAT = "kiln-cpu-model"
 FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PARAMS = "params.npz"
+
+def format_name(backend: str) -> str:
+    """The manifest ``format`` of a model of ``backend`` (``kiln-cpu-model``)."""
+    return f"kiln-{backend}-model"
 
 
-def _host() -> dict[str, Any]:
-    t = Target.host()
-    return {"key": t.key, "features": list(t.features)}
+@dataclass
+class SavedModel:
+    """What :func:`read_model` found in a model directory (source checked against its hash)."""
+
+    directory: Path
+    backend: str
+    manifest: dict[str, Any]
+    source: str
+    params: dict[int, np.ndarray]
 
 
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def write_model(
+    directory: Path,
+    backend: str,
+    manifest: Mapping[str, Any],
+    source_name: str,
+    source: str,
+    params: Mapping[int, np.ndarray],
+    files: Mapping[str, bytes] | None = None,
+) -> Path:
+    """Write a model of ``backend`` to ``directory`` (created if missing); returns the manifest's path.
 
-
-def save(model: CompiledModel, directory: Path) -> Path:
-    """Write ``model`` to ``directory`` (created if missing); returns the manifest path."""
+    ``manifest`` holds the model's own fields; ``format``, ``format_version``, ``source``,
+    ``source_sha256`` and ``params`` are added here. ``files`` are extra files (name -> bytes).
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    model._ensure_built()
-    assert model.library is not None
-    source = model.source.encode()
-    manifest = {
-        "format": FORMAT,
+    data = source.encode()
+    full = {
+        **manifest,
+        "format": format_name(backend),
         "format_version": FORMAT_VERSION,
-        "name": model.name,
-        "target": model.target.to_json(),
-        "built_on": _host(),
-        "compiler": cbuild.compiler_id(),
-        "flags": list(cbuild.FLAGS),
-        "source": "model.c",
-        "source_sha256": hashlib.sha256(source).hexdigest(),
-        "library": "model.so",
-        "params": "params.npz",
-        "num_threads": model.num_threads,
-        "kernels": [k.to_json() for k in model.kernels],
-        "buffers": [b.to_json() for b in model.buffers],
-        "launches": [launch.to_json() for launch in model.launches],
-        "inputs": model.inputs,
-        "input_names": model.input_names,
-        "outputs": model.outputs,
-        "memory_plan": model.plan.summary(),
-        "meta": model.meta,
+        "source": source_name,
+        "source_sha256": hashlib.sha256(data).hexdigest(),
+        "params": PARAMS,
     }
-    _write(directory / "model.c", source)
-    tmp_so = directory / ".model.so.tmp"
-    shutil.copyfile(model.library.path, tmp_so)
-    os.replace(tmp_so, directory / "model.so")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".params-", suffix=".npz")
-    os.close(fd)
-    np.savez(tmp, **{f"p{i}": a for i, a in model.params.items()})
-    os.replace(tmp, directory / "params.npz")
-    _write(directory / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
-    return directory / "manifest.json"
+    write_atomic(directory / source_name, data)
+    for name, content in (files or {}).items():
+        write_atomic(directory / name, content)
+    with replacing(directory / PARAMS) as tmp:
+        np.savez(tmp, **{f"p{i}": a for i, a in params.items()})
+    path = directory / MANIFEST
+    write_atomic(path, json.dumps(full, indent=2, sort_keys=True).encode())
+    return path
 
 
-def load(directory: Path, num_threads: int | None = None) -> CompiledModel:
-    """Load a model saved by :func:`save`."""
-    from compiler.runtime.executor import CompiledModel, KernelInfo
-
-    path = directory / "manifest.json"
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of ``directory`` (KilnError when it is missing or not JSON)."""
+    path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise KilnError(f"cannot read compiled model manifest {path}: {exc}") from exc
-    if manifest.get("format") != FORMAT:
-        raise KilnError(f"{path} is not a Kiln CPU model (format {manifest.get('format')!r})")
+    if not isinstance(manifest, dict):
+        raise KilnError(f"{path} is not a compiled model manifest (a JSON object)")
+    return manifest
+
+
+def read_model(directory: Path) -> SavedModel:
+    """Read a model written by :func:`write_model`: backend (from ``format``), manifest, source, params."""
+    path = directory / MANIFEST
+    manifest = read_manifest(directory)
+    fmt = manifest.get("format")
+    m = re.fullmatch(r"kiln-(\w+)-model", fmt) if isinstance(fmt, str) else None
+    if m is None:
+        raise KilnError(f"{path} is not a Kiln compiled model (format {fmt!r})")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise KilnError(
             f"{path} has format version {version!r}; this Kiln reads version {FORMAT_VERSION}: "
             "recompile the model"
         )
-    source_bytes = (directory / manifest["source"]).read_bytes()
-    if hashlib.sha256(source_bytes).hexdigest() != manifest["source_sha256"]:
-        raise KilnError(f"{directory / manifest['source']} does not match its manifest (edited or corrupted)")
-    source = source_bytes.decode()
+    source_path = directory / manifest["source"]
+    source = source_path.read_bytes()
+    if hashlib.sha256(source).hexdigest() != manifest["source_sha256"]:
+        raise KilnError(f"{source_path} does not match its manifest (edited or corrupted)")
     with np.load(directory / manifest["params"], allow_pickle=False) as npz:
         params = {int(k[1:]): npz[k] for k in npz.files}
-    library = None
-    so = directory / manifest["library"]
-    same_host = manifest.get("built_on") == _host() and manifest.get("compiler") == cbuild.compiler_id()
-    if same_host and so.exists():
-        try:
-            library = cbuild.KernelLibrary(so)
-        except CompileError:
-            library = None
-    if library is None:
-        library = cbuild.build(source)
-    return CompiledModel(
-        name=manifest["name"],
-        target=Target.from_json(manifest["target"]),
-        source=source,
-        kernels=[KernelInfo.from_json(k) for k in manifest["kernels"]],
-        buffers=[BufferSpec.from_json(b) for b in manifest["buffers"]],
-        launches=[Launch(x["kernel"], x["args"]) for x in manifest["launches"]],
-        params=params,
-        inputs=manifest["inputs"],
-        input_names=manifest["input_names"],
-        outputs=manifest["outputs"],
-        num_threads=num_threads,
-        library=library,
-        meta=manifest.get("meta") or {},
-    )
+    return SavedModel(directory, m.group(1), manifest, source.decode(), params)

@@ -6,26 +6,20 @@ that no kernel produces (an input or param returned as is) gets a small copy ker
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from compiler.backends import get_backend
 from compiler.errors import KilnError
 from compiler.graph import Value
-from compiler.loopir import lower_func
+from compiler.layouts import layout_from_json
 from compiler.runtime.executor import CompiledModel, KernelInfo
 from compiler.runtime.memory_plan import BufferSpec, Launch
-from compiler.te import TEProgram, compute, lower, placeholder
 
 
-def _copy_func(src: Value, name: str, target=None):
-    if target is not None and target.kind == "cuda":
-        from compiler.backends.cuda.sketches.pointwise import copy_func
-
-        return copy_func(src.shape, src.dtype, name)
-    x = placeholder(src.shape, src.dtype, "src")
-    y = compute(src.shape, lambda *i: x[i] if i else x[()], "dst")
-    return lower_func(lower(TEProgram(name, [x], [y], [y])))
-
-
-def assemble(plan) -> CompiledModel:
-    """Build the CompiledModel of a :class:`compiler.build.ModelPlan`."""
+def assemble(plan: Any) -> CompiledModel:
+    """Build the CompiledModel of a :class:`compiler.build.ModelPlan` with its target's backend."""
+    backend = get_backend(plan.target)
     g = plan.graph
     ids: dict[Value, int] = {}
     buffers: list[BufferSpec] = []
@@ -50,10 +44,6 @@ def assemble(plan) -> CompiledModel:
 
     def relaid(v: Value, spec: dict) -> int:
         """A param laid out as a kernel asks (packed weights), computed once and shared by kernels."""
-        import json
-
-        from compiler.layouts import layout_from_json
-
         if v.kind != "param":
             raise KilnError(
                 f"a kernel asks for input {v.name} in layout {spec}, but it is not a model constant"
@@ -112,7 +102,7 @@ def assemble(plan) -> CompiledModel:
             name = f"copy_out{n}"
             out_v = Value(v.type, "node", f"output{n}")
             j = add(out_v, "output", v.name or f"output{n}")
-            funcs.append(_copy_func(v, name, plan.target))
+            funcs.append(backend.copy_kernel(tuple(v.shape), v.dtype, name))
             launches.append(Launch(name, [src, j]))
             infos.append(KernelInfo(name, None, "copy", {}, {"origin": "default"}))
             i = j
@@ -124,12 +114,7 @@ def assemble(plan) -> CompiledModel:
         "groups": len(plan.fused.groups),
         "views": len(plan.views),
     }
-    cls = CompiledModel
-    if plan.target.kind == "cuda":
-        from compiler.backends.cuda.executor import CudaCompiledModel
-
-        cls = CudaCompiledModel  # type: ignore[assignment]
-    return cls.from_funcs(
+    return backend.compiled_model_class().from_funcs(
         g.name,
         funcs,
         buffers,

@@ -1,31 +1,43 @@
-"""CompiledModel: a whole model as one C library, run with a single ctypes call.
+"""CompiledModel: the executor core every backend shares.
 
-The library holds every kernel plus ``void kiln_run(void** buffers)``, which calls the launches in order;
-``buffers[id]`` points at buffer ``id``. Intermediates live in one arena laid out by the memory plan;
-outputs and the arena are allocated once and reused by every call (a fresh 48 MiB output would cost
-milliseconds of page faults). Inputs are bound per call without copying when they are C-contiguous.
+A compiled model is one translation unit of generated source holding every kernel, the buffers of the
+model (inputs, params, outputs, intermediates, views), the launch list and the static memory plan
+(:mod:`compiler.runtime.memory_plan`). This class owns everything that does not depend on the target:
+construction and validation (buffer roles, params present and of the right shape, launches), the memory
+plan, ``input_specs``/``output_specs``, checking the inputs and ``out=`` arrays of a call, the timing
+summary, metadata, and saving/loading (:mod:`compiler.runtime.artifact`; ``CompiledModel.load`` reads the
+manifest's format and hands the directory to the backend that wrote it).
 
-``run`` returns *copies* of the outputs by default, so a result is never overwritten by a later call.
-``run(..., copy=False)`` returns the model's own output arrays (valid until the next call), and
-``run(..., out=[...])`` writes into caller arrays and returns them.
+The backend's subclass (``Backend.compiled_model_class()``: ``compiler.backends.cpu.executor`` for the
+CPU, ``compiler.backends.cuda.executor`` for CUDA) supplies the launch step: building or loading the
+module, allocating host or device buffers, binding the checked inputs, launching the kernels
+(:meth:`CompiledModel._execute`) and timing them (:meth:`CompiledModel._time`).
+
+Calling conventions, the same on every backend:
+
+* ``run(inputs)`` takes a list in input order or a dict by name and returns numpy arrays that are never
+  overwritten by a later call; ``run(inputs, out=[...])`` writes into caller arrays and returns them;
+  ``run(inputs, copy=False)`` may return the model's own output arrays (valid until the next call).
+* ``timeit(inputs, repeats, warmup)`` returns microseconds: median, min, mean and every sample.
+* ``CompiledModel.from_funcs(...)`` and ``CompiledModel.load(dir)`` called on this class pick the
+  backend's subclass from the target (default: the host CPU) or the saved manifest.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import statistics
-import time
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from compiler.backends.cpu import gcc as cbuild
+from compiler.backends import get_backend
 from compiler.dtypes import to_numpy
 from compiler.errors import KilnError
+from compiler.runtime import artifact
 from compiler.runtime.memory_plan import BufferSpec, Launch, plan_memory
 from compiler.target import Target
 
@@ -61,12 +73,23 @@ class KernelInfo:
         )
 
 
-def _describe(dtype: Any, shape: Sequence[int]) -> str:
+def describe(dtype: Any, shape: Sequence[int]) -> str:
+    """``float32[4, 8]``: how errors name an array's type."""
     return f"{np.dtype(dtype).name}[{', '.join(str(int(d)) for d in shape)}]"
 
 
-class CompiledModel:
-    """A compiled model for the CPU; see the module docstring for the calling conventions."""
+Inputs = Sequence[Any] | Mapping[str, Any]
+
+
+class CompiledModel(ABC):
+    """A compiled model; see the module docstring. Subclasses set ``backend`` (the ``Target.kind`` they
+    run, which also names the save format) and ``source_name`` (the saved source file), and implement
+    :meth:`_execute` and :meth:`_time`; they may add constructor arguments (keyword-only), derive them from
+    the lowered functions (:meth:`_funcs_state`), and add manifest fields and files (:meth:`_saved_extra`,
+    read back by :meth:`_from_saved`)."""
+
+    backend: ClassVar[str] = ""
+    source_name: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -80,10 +103,10 @@ class CompiledModel:
         inputs: Sequence[int],
         input_names: Sequence[str],
         outputs: Sequence[int],
-        num_threads: int | None = None,
-        library: cbuild.KernelLibrary | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
+        if target.kind != self.backend:
+            raise KilnError(f"{type(self).__name__} runs {self.backend} models, not target {target.key}")
         self.name, self.target, self.source = name, target, source
         self.meta: dict[str, Any] = dict(meta or {})  # model name, graph hash, output names ...
         self.kernels = list(kernels)
@@ -99,7 +122,7 @@ class CompiledModel:
             for i in ids:
                 if i not in self.by_id or self.by_id[i].role != role:
                     raise KilnError(f"buffer id {i} is not an {role} buffer")
-        self.params = {}
+        self.params: dict[int, np.ndarray] = {}
         for b in self.buffers:
             if b.role == "param" and b.alias_of is None:
                 if b.id not in params:
@@ -108,9 +131,12 @@ class CompiledModel:
                 if arr.shape != b.shape:
                     raise KilnError(f"param {b.name!r}: expected shape {b.shape}, got {arr.shape}")
                 self.params[b.id] = arr
-        self.num_threads = num_threads or len(os.sched_getaffinity(0))
-        self.library = library
-        self._allocate()
+
+    # ------------------------------------------------------------ factories
+    @classmethod
+    def default_target(cls) -> Target:
+        """The target ``from_funcs`` compiles for when given none (the host CPU)."""
+        return Target.host()
 
     @classmethod
     def from_funcs(
@@ -125,16 +151,23 @@ class CompiledModel:
         outputs: Sequence[int],
         target: Target | None = None,
         kernels: Sequence[KernelInfo] | None = None,
-        num_threads: int | None = None,
         meta: Mapping[str, Any] | None = None,
+        **options: Any,
     ) -> CompiledModel:
-        """Generate the C source of lowered ``funcs`` plus the ``kiln_run`` entry, and wrap it."""
-        from compiler.backends.cpu.codegen import generate_c
+        """Generate the source of lowered ``funcs`` with the target's backend and wrap it.
 
-        target = target or Target.host()
-        source = generate_c(list(funcs), target, launches)
+        Called on ``CompiledModel`` itself it returns the model class of ``target``'s backend;
+        ``options`` go to that class (e.g. ``num_threads`` on the CPU). Nothing is built yet.
+        """
+        target = target or cls.default_target()
+        backend = get_backend(target)
+        impl = backend.compiled_model_class()
+        if not issubclass(impl, cls):
+            raise KilnError(f"{cls.__name__} cannot run target {target.key} (its model is {impl.__name__})")
+        funcs = list(funcs)
+        source = backend.codegen(funcs, target, launches)
         infos = list(kernels) if kernels is not None else [KernelInfo(f.name) for f in funcs]
-        return cls(
+        return impl(
             name,
             target,
             source,
@@ -145,65 +178,37 @@ class CompiledModel:
             inputs,
             input_names,
             outputs,
-            num_threads,
-            meta=meta,
+            meta,
+            **impl._funcs_state(funcs),
+            **options,
         )
 
+    @classmethod
+    def _funcs_state(cls, funcs: Sequence[Any]) -> dict[str, Any]:
+        """Backend constructor arguments derived from the lowered functions (none by default)."""
+        return {}
+
+    # ---------------------------------------------------------------- specs
     @property
     def input_specs(self) -> list[dict[str, Any]]:
-        return [
-            {"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
-            for n, i in zip(self.input_names, self.inputs)
-        ]
+        return [self._spec(n, i) for n, i in zip(self.input_names, self.inputs)]
 
     @property
     def output_specs(self) -> list[dict[str, Any]]:
         names = self.meta.get("output_names") or [self.by_id[i].name for i in self.outputs]
-        return [
-            {"name": n, "shape": list(self.by_id[i].shape), "dtype": self.by_id[i].dtype}
-            for n, i in zip(names, self.outputs)
-        ]
+        return [self._spec(n, i) for n, i in zip(names, self.outputs)]
 
-    # ---------------------------------------------------------------- setup
-    def _allocate(self) -> None:
-        self._arena_raw = np.empty(self.plan.peak_bytes + 64, np.uint8)
-        shift = (-self._arena_raw.ctypes.data) % 64
-        self._arena = self._arena_raw[shift : shift + self.plan.peak_bytes]
-        self._owned: dict[int, np.ndarray] = {}
-        for b in self.buffers:
-            r = self.roots[b.id]
-            if r != b.id or r in self.plan.offsets or b.role in ("input", "param"):
-                continue
-            self._owned[r] = np.empty(b.shape, to_numpy(b.dtype))  # outputs and pinned intermediates
-        self._slots = (ctypes.c_void_p * (max(self.by_id, default=0) + 1))()
-        self._groups: dict[int, list[int]] = {}
-        for b in self.buffers:
-            self._groups.setdefault(self.roots[b.id], []).append(b.id)
-        for b in self.buffers:
-            r = self.roots[b.id]
-            if r in self.plan.offsets:
-                self._slots[b.id] = self._arena.ctypes.data + self.plan.offsets[r]
-            elif r in self.params:
-                self._slots[b.id] = self.params[r].ctypes.data
-            elif r in self._owned:
-                self._slots[b.id] = self._owned[r].ctypes.data
+    def _spec(self, name: str, buffer_id: int) -> dict[str, Any]:
+        b = self.by_id[buffer_id]
+        return {"name": name, "shape": list(b.shape), "dtype": b.dtype}
 
-    def _ensure_built(self) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-        if self.library is None:
-            self.library = cbuild.build(self.source)
-        fn = getattr(self, "_run_fn", None)
-        if fn is None:
-            self.library.set_num_threads(self.num_threads)
-            fn = self._run_fn = self.library.function("kiln_run", 1)
-        return fn
+    # ------------------------------------------------------ checking a call
+    def _as_input(self, value: Any) -> Any:
+        """An input value as the launch step takes it (a numpy array unless a backend keeps its own)."""
+        return np.asarray(value)
 
-    def _bind_root(self, root: int, arr: np.ndarray) -> None:
-        ptr = arr.ctypes.data
-        for i in self._groups[root]:
-            self._slots[i] = ptr
-
-    # ------------------------------------------------------------------ run
-    def _check_inputs(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
+    def _check_inputs(self, inputs: Inputs) -> list[Any]:
+        """The inputs in model order, each of the right dtype and shape (KilnError naming what is wrong)."""
         if isinstance(inputs, Mapping):
             unknown = sorted(set(inputs) - set(self.input_names))
             if unknown:
@@ -220,94 +225,54 @@ class CompiledModel:
                 raise KilnError(
                     f"{self.name}: expected {len(self.inputs)} input(s) {self.input_names}, got {len(values)}"
                 )
-        out = []
+        checked = []
         for name, i, v in zip(self.input_names, self.inputs, values):
             spec = self.by_id[i]
-            arr = np.asarray(v)
+            arr = self._as_input(v)
             want = to_numpy(spec.dtype)
-            if arr.dtype != want or arr.shape != spec.shape:
-                expected, got = _describe(want, spec.shape), _describe(arr.dtype, arr.shape)
+            if np.dtype(arr.dtype) != want or tuple(arr.shape) != spec.shape:
+                expected, got = describe(want, spec.shape), describe(arr.dtype, arr.shape)
                 raise KilnError(f"input {name!r}: expected {expected}, got {got}")
-            out.append(np.ascontiguousarray(arr))
-        return out
+            checked.append(arr)
+        return checked
 
-    def _bind(
-        self, inputs: Sequence[Any] | Mapping[str, Any], out: Sequence[np.ndarray] | None
-    ) -> list[np.ndarray]:
-        arrays = self._check_inputs(inputs)
-        for i, arr in zip(self.inputs, arrays):
-            self._bind_root(self.roots[i], arr)
-        if out is not None and len(out) != len(self.outputs):
+    def _check_out(self, out: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``out=`` arrays: one writeable C-contiguous numpy array of each output's dtype and shape."""
+        if len(out) != len(self.outputs):
             raise KilnError(
                 f"{self.name}: out= has {len(out)} arrays, the model has {len(self.outputs)} outputs"
             )
-        results = []
-        for k, o in enumerate(self.outputs):
-            spec, r = self.by_id[o], self.roots[o]
-            own = self._owned.get(o)
-            if out is None:
-                if own is not None:
-                    self._bind_root(o, own)
-                results.append(own if own is not None else np.empty(spec.shape, to_numpy(spec.dtype)))
-                continue
-            dst = out[k]
+        for k, (o, dst) in enumerate(zip(self.outputs, out)):
+            spec = self.by_id[o]
             want = to_numpy(spec.dtype)
             if not isinstance(dst, np.ndarray) or dst.dtype != want or dst.shape != spec.shape:
-                got = _describe(dst.dtype, dst.shape) if isinstance(dst, np.ndarray) else type(dst).__name__
-                raise KilnError(
-                    f"out[{k}] ({spec.name!r}): expected {_describe(want, spec.shape)}, got {got}"
-                )
+                got = describe(dst.dtype, dst.shape) if isinstance(dst, np.ndarray) else type(dst).__name__
+                raise KilnError(f"out[{k}] ({spec.name!r}): expected {describe(want, spec.shape)}, got {got}")
             if not (dst.flags.c_contiguous and dst.flags.writeable):
                 raise KilnError(f"out[{k}] ({spec.name!r}) must be a writeable C-contiguous array")
-            if any(np.may_share_memory(dst, a) for a in arrays):
-                raise KilnError(f"out[{k}] ({spec.name!r}) overlaps an input")
-            if r == o:
-                self._bind_root(o, dst)
-            results.append(dst)
-        return results
+        return list(out)
 
-    def _finish(self, results: list[np.ndarray]) -> None:
-        """Outputs that are views of another buffer (an input, a param, a pinned intermediate) are copied."""
-        for o, dst in zip(self.outputs, results):
-            r = self.roots[o]
-            if r == o:
-                continue
-            src_ptr = self._slots[o]
-            spec = self.by_id[o]
-            src = np.ctypeslib.as_array(ctypes.cast(src_ptr, ctypes.POINTER(ctypes.c_uint8)), (spec.nbytes,))
-            dst.reshape(-1).view(np.uint8)[:] = src
-
+    # ------------------------------------------------------------------ run
     def run(
         self,
-        inputs: Sequence[Any] | Mapping[str, Any],
+        inputs: Inputs,
         out: Sequence[np.ndarray] | None = None,
         copy: bool = True,
+        **options: Any,
     ) -> list[np.ndarray]:
-        """Run the model on ``inputs`` (a list in input order, or a dict by name); see the module doc."""
-        fn = self._ensure_built()
-        results = self._bind(inputs, out)
-        fn(self._slots)
-        self._finish(results)
-        if out is None and copy:
-            return [r.copy() for r in results]
-        return results
+        """Run the model on ``inputs`` (a list in input order, or a dict by name); see the module doc.
+        ``options`` are the backend's (CUDA: ``cuda_graph``)."""
+        values = self._check_inputs(inputs)
+        checked_out = None if out is None else self._check_out(out)
+        return self._execute(values, checked_out, copy, **options)
 
     __call__ = run
 
-    def timeit(
-        self, inputs: Sequence[Any] | Mapping[str, Any], repeats: int = 10, warmup: int = 2
-    ) -> dict[str, Any]:
-        """Time ``kiln_run`` with the buffers already bound; microseconds (median and every sample)."""
-        fn = self._ensure_built()
-        self._bind(inputs, None)
-        slots = self._slots
-        for _ in range(warmup):
-            fn(slots)
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter_ns()
-            fn(slots)
-            samples.append((time.perf_counter_ns() - t0) / 1e3)
+    def timeit(self, inputs: Inputs, repeats: int = 10, warmup: int = 2, **options: Any) -> dict[str, Any]:
+        """Time ``repeats`` runs after ``warmup`` ones with the inputs bound once: microseconds (median, min,
+        mean and every sample) plus what the backend reports. ``options`` are the backend's (CUDA:
+        ``cuda_graph``, ``flush_l2``)."""
+        samples, info = self._time(self._check_inputs(inputs), repeats, warmup, **options)
         return {
             "median_us": statistics.median(samples),
             "min_us": min(samples),
@@ -315,19 +280,72 @@ class CompiledModel:
             "samples_us": samples,
             "repeats": repeats,
             "warmup": warmup,
-            "threads": self.num_threads,
+            **info,
         }
+
+    @abstractmethod
+    def _execute(
+        self, values: list[Any], out: list[np.ndarray] | None, copy: bool, **options: Any
+    ) -> list[np.ndarray]:
+        """The launch step: run on checked inputs; fill ``out`` (checked) or return the outputs."""
+
+    @abstractmethod
+    def _time(
+        self, values: list[Any], repeats: int, warmup: int, **options: Any
+    ) -> tuple[list[float], dict[str, Any]]:
+        """Timed runs on checked inputs: the samples in microseconds and extra fields for the summary."""
 
     # ----------------------------------------------------------- save / load
     def save(self, directory: str | Path) -> Path:
-        """Write the model to ``directory`` (manifest.json, model.c, model.so, params.npz)."""
-        from compiler.runtime.artifact import save
+        """Write the model to ``directory`` (manifest.json, the source, params.npz and the backend's
+        files); returns the manifest's path."""
+        fields, files = self._saved_extra()
+        manifest = {
+            "name": self.name,
+            "target": self.target.to_json(),
+            "kernels": [k.to_json() for k in self.kernels],
+            "buffers": [b.to_json() for b in self.buffers],
+            "launches": [launch.to_json() for launch in self.launches],
+            "inputs": self.inputs,
+            "input_names": self.input_names,
+            "outputs": self.outputs,
+            "memory_plan": self.plan.summary(),
+            "meta": self.meta,
+            **fields,
+        }
+        return artifact.write_model(
+            Path(directory), self.backend, manifest, self.source_name, self.source, self.params, files
+        )
 
-        return save(self, Path(directory))
+    def _saved_extra(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """The backend's manifest fields and extra files (name -> bytes) for :meth:`save`."""
+        return {}, {}
 
-    @staticmethod
-    def load(directory: str | Path, num_threads: int | None = None) -> CompiledModel:
-        """Load a saved model; recompiles from the saved C source when the shared object cannot be used."""
-        from compiler.runtime.artifact import load
+    @classmethod
+    def load(cls, directory: str | Path, **options: Any) -> CompiledModel:
+        """Load a model saved by :meth:`save`, of whichever backend wrote it (``CompiledModel.load``) or of
+        this class's backend; ``options`` go to the backend (e.g. ``num_threads`` on the CPU)."""
+        saved = artifact.read_model(Path(directory))
+        impl = get_backend(saved.backend).compiled_model_class()
+        if not issubclass(impl, cls):
+            raise KilnError(f"{directory} holds a {saved.backend} model, not a {cls.backend} one")
+        m = saved.manifest
+        fields = {
+            "name": m["name"],
+            "target": Target.from_json(m["target"]),
+            "source": saved.source,
+            "kernels": [KernelInfo.from_json(k) for k in m["kernels"]],
+            "buffers": [BufferSpec.from_json(b) for b in m["buffers"]],
+            "launches": [Launch(x["kernel"], x["args"]) for x in m["launches"]],
+            "params": saved.params,
+            "inputs": m["inputs"],
+            "input_names": m["input_names"],
+            "outputs": m["outputs"],
+            "meta": m.get("meta") or {},
+        }
+        return impl._from_saved(saved, fields, **options)
 
-        return load(Path(directory), num_threads)
+    @classmethod
+    def _from_saved(cls, saved: artifact.SavedModel, fields: dict[str, Any], **options: Any) -> CompiledModel:
+        """The model of a saved directory: ``fields`` are the constructor's shared arguments."""
+        return cls(**fields, **options)

@@ -87,9 +87,9 @@ def _inputs(model, path: str | None):
 def run_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from compiler.backends.cuda.executor import load_compiled
+    from compiler.runtime import CompiledModel
 
-    model = load_compiled(args.path)  # a CPU or a CUDA model directory
+    model = CompiledModel.load(args.path)  # a CPU or a CUDA model directory (the manifest says which)
     inputs = _inputs(model, args.inputs)
     outputs = model.run(inputs)
     stats = model.timeit(inputs, repeats=args.repeats, warmup=args.warmup)

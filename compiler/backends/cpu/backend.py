@@ -7,6 +7,7 @@ from typing import Any
 
 from compiler.backends.base import Backend
 from compiler.backends.cpu.codegen import generate_c
+from compiler.backends.cpu.executor import CpuCompiledModel
 from compiler.backends.cpu.sketches.contraction import ContractionSketch
 from compiler.backends.cpu.sketches.generic import GenericSketch
 from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
@@ -42,7 +43,7 @@ class CpuBackend(Backend):
         return lower_func(lower(TEProgram(name, [x], [y], [y])))
 
     def compiled_model_class(self) -> type[CompiledModel]:
-        return CompiledModel
+        return CpuCompiledModel
 
 
 BACKEND = CpuBackend

@@ -39,7 +39,7 @@ class CudaBackend(Backend):
     def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
         return copy_func(shape, dtype, name)
 
-    def compiled_model_class(self) -> type:
+    def compiled_model_class(self) -> type[CudaCompiledModel]:
         return CudaCompiledModel
 
 

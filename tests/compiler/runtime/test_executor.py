@@ -1,4 +1,5 @@
-"""CompiledModel: one ctypes call per run, buffer reuse, out=, input checks, save/load in a fresh process."""
+"""CompiledModel on the CPU (CompiledModel.from_funcs / load pick the CPU backend's CpuCompiledModel for a
+host target): one ctypes call per run, buffer reuse, out=, input checks, save/load in a fresh process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiler.backends.cpu.executor import CpuCompiledModel
+from compiler.backends.cuda.executor import CudaCompiledModel
 from compiler.errors import KilnError
 from compiler.loopir.expr import Load, Var, call
 from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc
@@ -30,7 +33,7 @@ def _ew(name: str, shapes: list[tuple[int, ...]], fn) -> PrimFunc:
     return PrimFunc(name, flat, body, len(flat) - 1)
 
 
-def make_model() -> CompiledModel:
+def make_model(w: np.ndarray | None = None) -> CompiledModel:
     funcs = [
         _ew("scale_bias", [(32,), (32,), (32,)], lambda x, w: x * 2.0 + w),
         _ew("expo", [(32,), (32,)], lambda t: call("exp", t)),
@@ -52,7 +55,8 @@ def make_model() -> CompiledModel:
         Launch("plus_one", [4, 5]),
         Launch("minus_one", [0, 6]),
     ]
-    w = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    if w is None:
+        w = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     kernels = [
         KernelInfo(f.name, workload_key=f"wk-{f.name}", sketch="pointwise", config={"vector": 1})
         for f in funcs
@@ -70,6 +74,14 @@ def reference(x: np.ndarray) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def model() -> CompiledModel:
     return make_model()
+
+
+def test_the_core_picks_the_cpu_model_and_checks_params(model: CompiledModel):
+    assert type(model) is CpuCompiledModel
+    with pytest.raises(TypeError, match="abstract"):
+        CompiledModel(*[None] * 10)  # the core has no launch step of its own
+    with pytest.raises(KilnError, match=r"param 'w': expected shape \(4, 8\), got \(32,\)"):
+        make_model(np.zeros(32, np.float32))
 
 
 def test_run_matches_numpy(model: CompiledModel):
@@ -185,4 +197,20 @@ def test_load_refuses_unknown_format_version(model: CompiledModel, tmp_path: Pat
     manifest["format_version"] = 99
     (d / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(KilnError, match="format version 99"):
+        CompiledModel.load(d)
+
+
+def test_load_by_backend(model: CompiledModel, tmp_path: Path):
+    d = tmp_path / "toy"
+    model.save(d)
+    assert type(CpuCompiledModel.load(d, num_threads=1)) is CpuCompiledModel
+    with pytest.raises(KilnError, match="holds a cpu model, not a cuda one"):
+        CudaCompiledModel.load(d)
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["format"] = "kiln-tpu-model"
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(KilnError, match="no backend for target kind 'tpu'"):
+        CompiledModel.load(d)
+    (d / "manifest.json").write_text(json.dumps({**manifest, "format": "something else"}))
+    with pytest.raises(KilnError, match="is not a Kiln compiled model"):
         CompiledModel.load(d)

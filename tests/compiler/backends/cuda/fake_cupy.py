@@ -1,11 +1,19 @@
 """A stand-in for CuPy that runs "device" kernels in Kiln's SIMT interpreter: enough of the API the
 CUDA runtime uses (arrays, RawModule/RawKernel, streams, graphs, events) to test the executor end to
 end on a machine without a GPU. Kernels are looked up by name in ``KERNELS`` (name -> lowered PrimFunc
-of one kernel), which the tests fill from the same plan the model was compiled from."""
+of one kernel), which the tests fill from the same plan the model was compiled from.
+
+:func:`install` puts the fake in ``sys.modules`` as ``cupy`` for one test and hides a real CuPy's own
+modules (``cupy.*``, ``cupy_backends``) meanwhile, so nothing reaches a real CuPy's internals (which would
+import ``cupy`` and get this fake): Kiln's NVRTC path then finds no low-level binding and compiles through
+``RawModule(code=...)``, which the fake provides."""
 
 from __future__ import annotations
 
+import sys
+import time
 import types
+from typing import Any
 
 import numpy as np
 
@@ -110,8 +118,6 @@ class Stream:
 
 class Event:
     def record(self, stream=None):
-        import time
-
         self.t = time.perf_counter()
 
     def synchronize(self):
@@ -151,3 +157,21 @@ cuda = types.SimpleNamespace(
     get_elapsed_time=_elapsed,
     get_current_stream=lambda: Stream(),
 )
+
+
+REAL_CUPY_PACKAGES = ("cupy", "cupy_backends")
+
+
+def install(monkeypatch: Any) -> types.ModuleType:
+    """Make ``import cupy`` give this module for the rest of the test (``monkeypatch`` undoes it).
+
+    Every loaded module of a real CuPy is taken out of ``sys.modules`` and ``cupy_backends`` is blocked
+    (``None`` makes importing it raise ImportError), so that a real CuPy installed beside the fake never
+    runs with the fake as its ``cupy``."""
+    fake = sys.modules[__name__]
+    for name in list(sys.modules):
+        if name.split(".")[0] in REAL_CUPY_PACKAGES:
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupy_backends", None)
+    return fake

@@ -3,8 +3,6 @@ plan, views, params, inputs on the host or the "device", out=, CUDA Graph captur
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -21,7 +19,7 @@ from tests.compiler.backends.cuda import fake_cupy
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    fake_cupy.install(monkeypatch)
     monkeypatch.delenv("KILN_DISABLE_CUPY", raising=False)
     current_cuda_target.cache_clear()
     fake_cupy.KERNELS.clear()

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from compiler.backends.cuda.device import CudaUnavailable, current_cuda_target, require_cupy
-from compiler.backends.cuda.executor import CudaCompiledModel, load_compiled
+from compiler.backends.cuda.executor import CudaCompiledModel
 from compiler.backends.cuda.nvrtc import error_message, kernel_spans
 from compiler.build import compile as kiln_compile
 from compiler.builder import GraphBuilder
+from compiler.errors import KilnError
+from compiler.runtime import CompiledModel
 from compiler.target import Target
 from tuner.cli import main
 
@@ -44,12 +46,32 @@ def test_compile_for_cuda_saves_and_loads_without_a_gpu(no_gpu, tmp_path):
     assert [launch.kernel for launch in model.launches] == ["g0_matmul", "g1_matmul"]
     assert model.kernel_launches["g0_matmul"][0]["block"] == [16, 16, 1]
     model.save(tmp_path / "m")
-    again = load_compiled(tmp_path / "m")
+    again = CompiledModel.load(tmp_path / "m")
     assert isinstance(again, CudaCompiledModel)
     assert again.source == model.source and again.kernel_launches == model.kernel_launches
     assert [b.to_json() for b in again.buffers] == [b.to_json() for b in model.buffers]
     with pytest.raises(CudaUnavailable, match="kiln-tuner"):
         again.run({"x": np.zeros((256, 784), np.float32)})
+
+
+def test_param_shapes_are_checked_as_on_the_cpu(no_gpu):
+    model = kiln_compile("mlp", "cuda")
+    fields = {
+        "name": model.name,
+        "target": model.target,
+        "source": model.source,
+        "kernels": model.kernels,
+        "buffers": model.buffers,
+        "launches": model.launches,
+        "inputs": model.inputs,
+        "input_names": model.input_names,
+        "outputs": model.outputs,
+        "kernel_launches": model.kernel_launches,
+    }
+    pid, arr = next(iter(model.params.items()))
+    bad = {**model.params, pid: arr.reshape(-1)}
+    with pytest.raises(KilnError, match=rf"param '{model.by_id[pid].name}': expected shape"):
+        CudaCompiledModel(params=bad, **fields)
 
 
 def test_output_that_is_an_input_gets_a_gpu_copy_kernel(no_gpu):
