@@ -21,7 +21,8 @@ COMMAND_MODULES = (
     "tuner.commands.tune",
     "tuner.commands.compile",
     "tuner.commands.cost_model",
-    "db.cli",
+    "tuner.commands.query",
+    "tuner.commands.db",
 )
 
 
@@ -34,19 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a command module that has not landed yet
-            if exc.name == name:
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line a tuning run records
     try:
         result = args.handler(args)
     except KilnError as exc:

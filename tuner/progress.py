@@ -1,28 +1,30 @@
-"""The live progress display of `kiln tune` and its final summary table."""
+"""The live progress display of `kiln tune` and its final summary table (rich is imported only when
+shown, so that `kiln --help` stays fast)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
-from tuner.search import TaskTuner
+from tuner.scheduler import model_latency
+from tuner.search import TaskResult, TaskTuner
 
 
 def _us(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
 
 
-def task_rows(tuners: Sequence[TaskTuner]) -> list[dict]:
+def task_rows(results: Sequence[TaskResult]) -> list[dict]:
+    """One table row per task (the columns of :data:`COLUMNS`)."""
     rows = []
-    for i, t in enumerate(tuners):
-        s = t.state
+    for i, s in enumerate(results):
         errors = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())) or "-"
         rows.append(
             {
                 "#": i,
-                "task": t.task.name,
-                "kind": t.task.kind,
-                "weight": t.task.weight,
+                "task": s.task.name,
+                "kind": s.task.kind,
+                "weight": s.task.weight,
                 "trials": s.trials,
                 "default us": _us(s.default_us),
                 "best us": _us(s.best_us),
@@ -53,8 +55,6 @@ class LiveProgress:
     def _table(self):
         from rich.table import Table
 
-        from tuner.scheduler import model_latency
-
         est_default, est_best = model_latency(self.tuners, "default"), model_latency(self.tuners, "best")
         title = (
             f"kiln tune: {self.measured} measured ({self.budget_text}), "
@@ -68,7 +68,7 @@ class LiveProgress:
         table = Table(title=title)
         for c in COLUMNS:
             table.add_column(c)
-        for r in task_rows(self.tuners):
+        for r in task_rows([TaskResult.of(t) for t in self.tuners]):
             table.add_row(*(str(r[c]) for c in COLUMNS))
         return table
 

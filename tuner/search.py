@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.backends.registry import Config
-from compiler.errors import KilnError, ScheduleError
+from compiler.backends.sketch import Config
 from db.records import RecordIn
 from db.status import Status
 from tuner.samplers import distributions, encoding, from_params, make_sampler, to_params
@@ -47,6 +46,46 @@ class TaskState:
         if self.default_us and self.best_us:
             return self.default_us / self.best_us
         return None
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """Where the search of one task stands after a run: what it measured and the best it found.
+
+    ``trials`` counts every config told to the search, including those replayed from earlier runs' records;
+    ``measured`` counts the candidates measured (and committed to the database) by this run.
+    """
+
+    task: Task
+    trials: int
+    measured: int
+    default_us: float | None
+    best_us: float | None
+    best_config: dict[str, Any] | None
+    errors: dict[str, int]
+    done: bool
+
+    @property
+    def speedup(self) -> float | None:
+        """Default latency over best latency, when both were measured."""
+        if self.default_us and self.best_us:
+            return self.default_us / self.best_us
+        return None
+
+    @staticmethod
+    def of(tuner: TaskTuner) -> TaskResult:
+        """A snapshot of ``tuner``'s state."""
+        s = tuner.state
+        return TaskResult(
+            tuner.task,
+            s.trials,
+            s.measured,
+            s.default_us,
+            s.best_us,
+            dict(s.best_config) if s.best_config is not None else None,
+            dict(s.errors),
+            s.done,
+        )
 
 
 def study_name(task: Task) -> str:
@@ -228,11 +267,3 @@ def _loads(key: str) -> Config:
     import json
 
     return json.loads(key)
-
-
-def validate_config(task: Task, config: Config) -> str | None:
-    try:
-        task.check(config)
-    except (ScheduleError, KilnError) as exc:
-        return str(exc)
-    return None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from db.database import TuningDatabase
+from tests.cli import kiln, kiln_process
 from tests.db.helpers import CPU, GPU, GPU2, add_basics, rec
 from tuner.cli import main
 
@@ -152,43 +153,34 @@ def test_postgresql_via_cli(postgres_head_url: str, capsys: pytest.CaptureFixtur
     assert status == 0 and {"vector": 8} in [r["config"] for r in json.loads(out)]
 
 
-def _kiln(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def test_subprocess_query_and_errors_without_traceback(url: str, tmp_path: Path) -> None:
     keys = _fill(url)
-    done = _kiln(
+    done = kiln_process(
         "query", "records", "--workload", keys[0], "--top", "10", "--format", "json", env={"KILN_DB": url}
     )
     assert done.returncode == 0, done.stderr
     assert [r["status"] for r in json.loads(done.stdout)] == ["ok", "ok", "compile_error"]
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(os.urandom(8192))
-    done = _kiln("query", "workloads", "--db", f"sqlite:///{corrupt}")
+    done = kiln_process("query", "workloads", "--db", f"sqlite:///{corrupt}")
     assert done.returncode == 2
     assert "not a valid SQLite database" in done.stderr and "Traceback" not in done.stderr
-    done = _kiln("query", "best", "--model", "nope", "--target", "cpu", "--db", url)
+    done = kiln_process("query", "best", "--model", "nope", "--target", "cpu", "--db", url)
     assert done.returncode == 2 and "no tasks recorded for model 'nope'" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_importing_the_cli_is_cheap() -> None:
+    """Building the whole `kiln` parser (what `kiln --help` does) imports no database or tuning library."""
+    heavy = ("sqlalchemy", "pandas", "alembic", "optuna", "sklearn", "rich")
     code = (
-        "import argparse, sys, db.cli; db.cli.register(argparse.ArgumentParser().add_subparsers()); "
-        "print(sorted(m for m in ('sqlalchemy', 'pandas', 'alembic') if m in sys.modules))"
+        "import sys, tuner.cli; tuner.cli.build_parser(); "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-    done = _kiln("query", "--help")
+    done = kiln("query", "--help")
     assert done.returncode == 0 and "coverage" in done.stdout and "records" in done.stdout
-    done = _kiln("db", "--help")
+    done = kiln("db", "--help")
     assert all(word in done.stdout for word in ("upgrade", "export", "import", "merge", "prune"))

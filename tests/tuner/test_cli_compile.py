@@ -1,15 +1,10 @@
-"""`kiln compile`, `kiln run` and `kiln show` stages as subprocesses."""
+"""`kiln compile`, `kiln run` and `kiln show` stages (in process, through tests/cli.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 
-
-def kiln(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True)
+from tests.cli import kiln
 
 
 def test_compile_then_run(tmp_path):

@@ -1,12 +1,10 @@
-"""The `kiln` command line on ONNX files, as subprocesses: models --onnx, show (groups, loopir, code),
-compile + run (outputs compared with onnxruntime), tune then compile with the database, and inputs with
-dynamic dimensions (a clear error asking for --input-shape, then working once given). Tiny nets, few
-trials: the whole file takes a few seconds."""
+"""The `kiln` command line on ONNX files (in process, through tests/cli.py): models --onnx, show (groups,
+loopir, code), compile + run (outputs compared with onnxruntime), tune then compile with the database, and
+inputs with dynamic dimensions (a clear error asking for --input-shape, then working once given). Tiny nets,
+few trials: the whole file takes a few seconds."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +15,9 @@ pytest.importorskip("onnxruntime", reason="the ONNX CLI tests compare against on
 
 import onnx
 
+from tests.cli import Result, kiln
 from tests.compiler.frontend import onnx_nets as L
 from tests.compiler.frontend.onnx_util import Net, assert_close, ort_outputs, random_feeds
-
-
-def kiln(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +36,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     return out
 
 
-def ok(proc: subprocess.CompletedProcess) -> str:
+def ok(proc: Result) -> str:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout

@@ -1,5 +1,6 @@
 """`kiln tune` end to end on the CPU: records, runs, compile with the best records, resume, faults,
-kill -9 in the middle, and records that no longer validate."""
+kill -9 in the middle (a real process), and records that no longer validate. The other commands run in
+process through tests/cli.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 import warnings
 
@@ -20,16 +20,11 @@ from compiler.reference import random_inputs, run_reference
 from compiler.target import Target
 from db.database import RecordIn, TuningDatabase
 from db.status import Status
+from tests.cli import kiln, kiln_command
 from tuner.api import compile as kiln_compile
 from tuner.task import extract_tasks
 
 CPU = Target.host()
-
-
-def kiln(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_tune_query_compile_and_resume(tmp_path):
@@ -113,22 +108,10 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
 def test_kill_9_mid_run_leaves_a_consistent_database(tmp_path):
     path = tmp_path / "k.db"
     url = f"sqlite:///{path}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tuner.cli",
-            "tune",
-            "--model",
-            "layernorm",
-            "--trials",
-            "400",
-            "--batch",
-            "4",
-            "--db",
-            url,
-            "--no-summary",
-        ],
+    proc = subprocess.Popen(  # a real process, killed with SIGKILL in the middle of the run
+        kiln_command(
+            "tune", "--model", "layernorm", "--trials", "400", "--batch", "4", "--db", url, "--no-summary"
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -1,15 +1,28 @@
-"""Helpers shared by `kiln` commands: model loading options and table output."""
+"""Helpers shared by `kiln` commands: model loading options, table output, and the options and database
+opening shared by the commands that read or maintain the tuning database (`kiln query`, `kiln db`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
-from collections.abc import Sequence
-from typing import Any
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from compiler.errors import KilnError
+from compiler.frontend import load_model
+from db.status import Status
+from tuner.commands.output import FORMATS, write_rows
+
+if TYPE_CHECKING:
+    from db.database import TuningDatabase
+
+# Every record status, as the --status options of `kiln query records` and `kiln db export` accept it.
+STATUS_CHOICES = tuple(s.value for s in Status)
 
 
 def add_model_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -42,8 +55,6 @@ def parse_input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 
 def load_model_arg(args: argparse.Namespace):
-    from compiler.frontend import load_model
-
     return load_model(args.model, parse_input_shapes(getattr(args, "input_shape", [])))
 
 
@@ -70,3 +81,50 @@ def print_table(
     for r in rows:
         table.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in columns))
     Console(width=max(120, Console().width)).print(table)
+
+
+def database_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """Parent parsers of the database commands: ``--db URL``, and ``--db URL --format`` for commands that
+    print rows."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="database URL (default: $KILN_DB, else sqlite:///kiln.db), e.g. postgresql://user@host/kiln",
+    )
+    formatted = argparse.ArgumentParser(add_help=False, parents=[common])
+    formatted.add_argument(
+        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+    )
+    return common, formatted
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+@contextlib.contextmanager
+def open_database(args: argparse.Namespace, *, create: bool = False) -> Iterator[TuningDatabase]:
+    """Open ``args.db`` (closing it afterwards); the database's warnings become one-line messages."""
+    from db.database import TuningDatabase  # SQLAlchemy: only when a command opens a database
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        print(f"kiln: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        with TuningDatabase.open(args.db, create=create) as db:
+            yield db
+
+
+def emit_rows(rows: list[dict[str, Any]], columns: list[str], args: argparse.Namespace) -> None:
+    """Write rows to stdout in ``args.format`` (table, csv or json)."""
+    write_rows(rows, columns, args.format, sys.stdout)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from compiler.canonical import canonical_json
+
 FORMATS = ("table", "csv", "json")
 
 

@@ -1,43 +1,29 @@
-"""`kiln query ...` and `kiln db ...`: read and maintain the tuning database from the command line.
+"""`kiln query ...`: read the tuning database from the command line (workloads, best records, records,
+coverage of a model, targets, models, runs).
 
-``register(subparsers)`` adds both command groups to the ``kiln`` parser (see ``tuner/cli.py``). Importing
-this module is cheap: SQLAlchemy and pandas are imported inside the handlers. Every command takes
-``--db URL`` (default: env ``KILN_DB``, then ``sqlite:///kiln.db``); ``--target`` takes a full target key
-or a prefix such as ``cpu`` or ``cuda/sm_90`` that names exactly one target in the database.
+Every command takes ``--db URL`` (default: env ``KILN_DB``, then ``sqlite:///kiln.db``); ``--target`` takes a
+full target key or a prefix such as ``cpu`` or ``cuda/sm_90`` that names exactly one target in the database.
+The library functions these commands call live in :mod:`db` (``TuningDatabase``); SQLAlchemy is imported
+only when a command opens a database, so ``kiln --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
-import warnings
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
 
-from db.output import FORMATS, write_rows
-
-if TYPE_CHECKING:
-    from db.database import TuningDatabase
+from compiler.frontend.onnx_common import sanitize
+from db.errors import UnknownKeyError
+from db.status import Status
+from tuner.commands.common import STATUS_CHOICES, database_parents, emit_rows, open_database, positive_int
+from tuner.records import workload_validator
 
 KEY_WIDTH = 16  # workload keys are shown by prefix in tables; every command accepts a unique prefix
-STATUS_CHOICES = ("ok", "compile_error", "runtime_error", "timeout", "wrong_result", "invalid_config")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``query`` and ``db`` command groups to the ``kiln`` parser."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--db",
-        metavar="URL",
-        default=None,
-        help="database URL (default: $KILN_DB, else sqlite:///kiln.db), e.g. postgresql://user@host/kiln",
-    )
-    formatted = argparse.ArgumentParser(add_help=False, parents=[common])
-    formatted.add_argument(
-        "--format", choices=FORMATS, default="table", help="output format (default: table)"
-    )
-
+    """Add the ``query`` command group to the ``kiln`` parser."""
+    _, formatted = database_parents()
     query = subparsers.add_parser(
         "query",
         help="query the tuning database",
@@ -78,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="all",
         help="only records of this status (default: all; ok ones sort first by median)",
     )
-    p.add_argument("--top", type=_positive_int, default=10, metavar="N", help="show N records (default 10)")
+    p.add_argument("--top", type=positive_int, default=10, metavar="N", help="show N records (default 10)")
     p.set_defaults(handler=_query_records)
 
     p = qsub.add_parser("coverage", parents=[formatted], help="which tasks of a model are tuned on a target")
@@ -90,97 +76,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", metavar="NAME", type=_model_name, help="only runs of this model")
     p.set_defaults(handler=_query_runs)
 
-    dbp = subparsers.add_parser(
-        "db",
-        help="maintain the tuning database (upgrade, export, import, merge, prune)",
-        description="Maintain the tuning database.",
-    )
-    dsub = dbp.add_subparsers(dest="db_command", metavar="ACTION")
-    dsub.required = True
-
-    p = dsub.add_parser("upgrade", parents=[common], help="create the schema or migrate it to this Kiln's")
-    p.add_argument("--revision", default="head", help="target revision (default: head)")
-    p.set_defaults(handler=_db_upgrade)
-
-    p = dsub.add_parser("info", parents=[formatted], help="schema revision and row counts")
-    p.set_defaults(handler=_db_info)
-
-    p = dsub.add_parser("export", parents=[common], help="write records as JSON Lines (FILE, FILE.gz or -)")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--workload", metavar="KEY", help="only records of this workload")
-    p.add_argument("--target", metavar="T", help="only records of this target")
-    p.add_argument("--status", choices=STATUS_CHOICES, help="only records of this status")
-    p.set_defaults(handler=_db_export)
-
-    p = dsub.add_parser("import", parents=[common], help="import a JSON Lines export (duplicates skipped)")
-    p.add_argument("file", metavar="FILE", help="an export file (.jsonl, .jsonl.gz) or - for stdin")
-    p.set_defaults(handler=_db_import)
-
-    p = dsub.add_parser("merge", parents=[common], help="copy every record of another database into this one")
-    p.add_argument("other", metavar="OTHER_URL", help="the database to read from (not modified)")
-    p.set_defaults(handler=_db_merge)
-
-    p = dsub.add_parser(
-        "prune", parents=[common], help="keep only the best K ok records per workload and target"
-    )
-    p.add_argument("--keep-top", type=_positive_int, required=True, metavar="K")
-    p.add_argument(
-        "--drop-errors",
-        action="store_true",
-        help="also delete records that are not ok (by default they are kept, so that the tuner does not "
-        "measure known-bad configs again)",
-    )
-    p.set_defaults(handler=_db_prune)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
 
 def _model_name(value: str) -> str:
     """A model as recorded by ``kiln tune``: a built-in name, or for ``FILE.onnx`` the name the importer
     gives the graph (the file's stem)."""
     if not value.endswith(".onnx"):
         return value
-    from pathlib import Path
-
-    from compiler.frontend.onnx_common import sanitize
-
     return sanitize(Path(value).stem, "onnx_model")
-
-
-@contextlib.contextmanager
-def _opened(args: argparse.Namespace, *, create: bool = False) -> Iterator[TuningDatabase]:
-    from db.database import TuningDatabase
-
-    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
-        print(f"kiln: warning: {message}", file=sys.stderr)
-
-    with warnings.catch_warnings():
-        warnings.showwarning = show
-        with TuningDatabase.open(args.db, create=create) as db:
-            yield db
 
 
 def _short(key: str, fmt: str) -> str:
     return key[:KEY_WIDTH] if fmt == "table" and len(key) > KEY_WIDTH else key
 
 
-def _emit(rows: list[dict[str, Any]], columns: list[str], args: argparse.Namespace) -> None:
-    write_rows(rows, columns, args.format, sys.stdout)
-
-
-# -- kiln query ---------------------------------------------------------------------------------------
-
-
 def _query_workloads(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
+    with open_database(args) as db:
         if args.model and not db.model_tasks(args.model):
             raise _no_tasks(args.model)
         rows = [
@@ -194,40 +104,30 @@ def _query_workloads(args: argparse.Namespace) -> int:
             }
             for w in db.workloads(args.model)
         ]
-    _emit(rows, ["workload", "kind", "flops", "bytes", "records", "ok"], args)
+    emit_rows(rows, ["workload", "kind", "flops", "bytes", "records", "ok"], args)
     return 0
 
 
 def _query_targets(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
+    with open_database(args) as db:
         rows = [{"target": k, "info": db.target_info(k)} for k in db.target_keys()]
-    _emit(rows, ["target", "info"], args)
+    emit_rows(rows, ["target", "info"], args)
     return 0
 
 
 def _query_models(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
+    with open_database(args) as db:
         rows = [{"model": n, "model_hash": h, "tasks": t} for n, h, t in db.models()]
-    _emit(rows, ["model", "model_hash", "tasks"], args)
+    emit_rows(rows, ["model", "model_hash", "tasks"], args)
     return 0
 
 
 def _no_tasks(model: str) -> Exception:
-    from db.errors import UnknownKeyError
-
     return UnknownKeyError(f"no tasks recorded for model {model!r}; run `kiln tune --model {model}` first")
 
 
-def _knob_validator(db, target_key: str):
-    """Validate each record's config against its sketch's knob space (rebuilt from the stored workload),
-    so `kiln query best` shows exactly what `kiln compile --db` would apply."""
-    from tuner.records import workload_validator
-
-    return workload_validator(db, target_key)
-
-
 def _query_best(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
+    with open_database(args) as db:
         target = db.resolve_target(args.target)
         if args.model:
             tasks = db.model_tasks(args.model)
@@ -235,7 +135,7 @@ def _query_best(args: argparse.Namespace) -> int:
                 raise _no_tasks(args.model)
         else:
             tasks = [(db.resolve_workload(args.workload), 1.0)]
-        best = db.best_many([k for k, _ in tasks], target, validate=_knob_validator(db, target))
+        best = db.best_many([k for k, _ in tasks], target, validate=workload_validator(db, target))
         kinds = {w.key: w.kind for w in db.workloads(args.model)} if args.model else {}
     rows = []
     for key, weight in tasks:
@@ -256,7 +156,7 @@ def _query_best(args: argparse.Namespace) -> int:
     if not args.model:
         columns.remove("kind")
         columns.remove("weight")
-    _emit(rows, columns, args)
+    emit_rows(rows, columns, args)
     if args.format == "table":
         tuned = sum(1 for key, _ in tasks if key in best)
         print(f"\n{tuned}/{len(tasks)} tasks tuned on {target}")
@@ -264,7 +164,7 @@ def _query_best(args: argparse.Namespace) -> int:
 
 
 def _query_records(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
+    with open_database(args) as db:
         workload = db.resolve_workload(args.workload)
         target = db.resolve_target(args.target) if args.target else None
         status = None if args.status == "all" else args.status
@@ -288,15 +188,12 @@ def _query_records(args: argparse.Namespace) -> int:
     ]
     columns = ["id", "workload", "target", "sketch", "version", "status", "median_us", "repeats", "config"]
     columns += ["created_at", "host", "error"]
-    _emit(rows, columns, args)
+    emit_rows(rows, columns, args)
     return 0
 
 
 def _query_coverage(args: argparse.Namespace) -> int:
-    from db.errors import UnknownKeyError
-    from db.status import Status
-
-    with _opened(args) as db:
+    with open_database(args) as db:
         target = db.resolve_target(args.target)
         try:
             coverage = db.coverage_rows(args.model, target)
@@ -315,7 +212,7 @@ def _query_coverage(args: argparse.Namespace) -> int:
         for c in coverage
     ]
     columns = ["workload", "kind", "weight", "tuned", "best_median_us", "records", *(s.value for s in Status)]
-    _emit(rows, columns, args)
+    emit_rows(rows, columns, args)
     if args.format == "table":
         total = sum(c.weight for c in coverage) or 1.0
         tuned_weight = sum(c.weight for c in coverage if c.tuned)
@@ -328,7 +225,7 @@ def _query_coverage(args: argparse.Namespace) -> int:
 
 
 def _query_runs(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
+    with open_database(args) as db:
         runs = db.runs(args.model)
     rows = [
         {
@@ -343,92 +240,5 @@ def _query_runs(args: argparse.Namespace) -> int:
         }
         for r in runs
     ]
-    _emit(rows, ["id", "model", "target", "host", "started_at", "finished_at", "budget", "command"], args)
-    return 0
-
-
-# -- kiln db ------------------------------------------------------------------------------------------
-
-
-def _db_upgrade(args: argparse.Namespace) -> int:
-    from db import migrate
-    from db.engine import display_url, ensure_wal, make_engine, resolve_url
-    from db.errors import ReadOnlyDatabaseError
-
-    url = resolve_url(args.db)
-    engine = make_engine(url, create=True)
-    try:
-        with contextlib.suppress(ReadOnlyDatabaseError):
-            ensure_wal(engine, url)
-        before, after = migrate.upgrade(engine, url, args.revision)
-    finally:
-        engine.dispose()
-    if before == after:
-        print(f"{display_url(url)}: schema already at revision {after}")
-    elif before is None:
-        print(f"{display_url(url)}: created the tuning-database schema at revision {after}")
-    else:
-        print(f"{display_url(url)}: upgraded the schema from revision {before} to {after}")
-    return 0
-
-
-def _db_info(args: argparse.Namespace) -> int:
-    from db.status import Status
-
-    with _opened(args) as db:
-        rows: list[dict[str, Any]] = [
-            {"item": "url", "value": db.url},
-            {"item": "schema revision", "value": db.schema_revision()},
-            {"item": "workloads", "value": len(db.workloads())},
-            {"item": "targets", "value": len(db.target_keys())},
-            {"item": "records", "value": db.count_records()},
-        ]
-        rows += [{"item": f"records {s.value}", "value": db.count_records(s)} for s in Status]
-    _emit(rows, ["item", "value"], args)
-    return 0
-
-
-def _db_export(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
-        workload = db.resolve_workload(args.workload) if args.workload else None
-        target = db.resolve_target(args.target) if args.target else None
-        dest = sys.stdout if args.file == "-" else args.file
-        count = db.export_jsonl(dest, workload_key=workload, target_key=target, status=args.status)
-        shown = db.url
-    print(f"exported {count} records from {shown} to {args.file}", file=sys.stderr)
-    return 0
-
-
-def _db_import(args: argparse.Namespace) -> int:
-    with _opened(args, create=True) as db:
-        stats = db.import_jsonl(sys.stdin if args.file == "-" else args.file)
-        shown = db.url
-    print(
-        f"imported {args.file} into {shown}: {stats.added} records added, "
-        f"{stats.skipped_duplicates} duplicates skipped ({stats.workloads_added} workloads, "
-        f"{stats.targets_added} targets, {stats.runs_added} runs added)"
-    )
-    return 0
-
-
-def _db_merge(args: argparse.Namespace) -> int:
-    from db.engine import display_url
-
-    with _opened(args, create=True) as db:
-        stats = db.merge_from(args.other)
-        shown = db.url
-    print(
-        f"merged {display_url(args.other)} into {shown}: {stats.added} records added, "
-        f"{stats.skipped_duplicates} duplicates skipped"
-    )
-    return 0
-
-
-def _db_prune(args: argparse.Namespace) -> int:
-    with _opened(args) as db:
-        deleted = db.prune(args.keep_top, keep_errors=not args.drop_errors)
-        left = db.count_records()
-        shown = db.url
-    kept = "error records dropped" if args.drop_errors else "error records kept"
-    print(f"pruned {shown}: deleted {deleted} records, {left} left (top {args.keep_top} ok kept, {kept})")
+    emit_rows(rows, ["id", "model", "target", "host", "started_at", "finished_at", "budget", "command"], args)
     return 0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 
 from compiler.errors import KilnError
 from tuner.commands.common import add_model_arg, load_model_arg, print_table
+from tuner.progress import COLUMNS, task_rows
+from tuner.scheduler import Budget
 
 
 def parse_duration(text: str) -> float:
@@ -53,109 +54,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_tune)
 
 
-def _select(tasks, wanted):
-    if not wanted:
-        return tasks
-    out = []
-    for w in wanted:
-        hits = [t for i, t in enumerate(tasks) if str(i) == w or t.workload_key.startswith(w)]
-        if not hits:
-            raise KilnError(
-                f"--tasks {w!r} matches no task; tasks: "
-                + ", ".join(f"{i}={t.workload_key[:10]}" for i, t in enumerate(tasks))
-            )
-        out += [t for t in hits if t not in out]
-    return out
-
-
 def run_tune(args: argparse.Namespace) -> int:
-    from compiler.target import Target
-    from db.database import TuningDatabase
-    from tuner.measure import create_measurer
-    from tuner.progress import LiveProgress
-    from tuner.scheduler import Budget, TaskScheduler
-    from tuner.search import TaskTuner
-    from tuner.storage import optuna_storage
-    from tuner.task import extract_tasks
+    from tuner.api import tune  # optuna, SQLAlchemy and the measurement code: only when tuning
 
-    graph = load_model_arg(args)
-    target = Target.parse(args.target)
     if args.trials is not None and args.trials < 1:
         raise KilnError("--trials must be at least 1")
     seconds = parse_duration(args.time_budget) if args.time_budget else None
-    budget = Budget(args.trials, seconds)
-    tasks = _select(extract_tasks(graph, target), args.tasks)
-    db = TuningDatabase.open(args.db)
-    db.commit_target(target.key, target.to_json())
-    for t in tasks:
-        db.commit_workload(t.workload_key, t.group.canonical(), t.kind, t.flops, t.bytes)
-    model_hash = graph.structural_hash()
-    if not args.tasks:
-        db.register_model_tasks(graph.name, model_hash, [(t.workload_key, t.weight) for t in tasks])
-    run_id = db.begin_run(
-        graph.name,
-        model_hash,
-        target.key,
-        {"trials": args.trials, "seconds": seconds, "sampler": args.sampler},
-        " ".join(["kiln", *sys.argv[1:]]),
+    summary = tune(
+        load_model_arg(args),
+        args.target,
+        args.db,
+        Budget(args.trials, seconds),
+        tasks=args.tasks,
+        sampler=args.sampler,
+        batch=args.batch,
+        early_stop=args.early_stop or None,
+        cost_model=args.cost_model,
+        seed=args.seed,
+        workers=args.workers,
+        time_model=not args.no_summary,
+        progress=True,
+        command_line=" ".join(["kiln", *args.argv]),
     )
-    storage = optuna_storage(db.url)
-    candidate_filter, oversample = None, 1
-    if args.cost_model != "none":
-        from tuner.cost_filter import make_candidate_filter
-
-        candidate_filter, oversample = make_candidate_filter(args.cost_model, db, target, seed=args.seed)
-    measurer = create_measurer(target, workers=args.workers)
-    budget_text = f"{args.trials} trials" if args.trials else f"{args.time_budget}"
-    interrupted = False
-    try:
-        tuners = [
-            TaskTuner(
-                t,
-                db,
-                measurer,
-                storage,
-                args.sampler,
-                args.seed + i,
-                args.early_stop or None,
-                run_id,
-                candidate_filter,
-                oversample,
-            )
-            for i, t in enumerate(tasks)
-        ]
-        with LiveProgress(tuners, budget_text) as progress:
-            try:
-                TaskScheduler(tuners, budget, args.batch, seed=args.seed, on_round=progress.update).run()
-            except KeyboardInterrupt:
-                interrupted = True
-    finally:
-        measurer.close()
-        db.finish_run(run_id)
-    from tuner.progress import COLUMNS, task_rows
-
-    print_table(task_rows(tuners), COLUMNS, title=f"kiln tune {graph.name} on {target.key}")
-    if interrupted:
+    rows = task_rows(summary.tasks)
+    print_table(rows, COLUMNS, title=f"kiln tune {summary.model} on {summary.target}")
+    if summary.interrupted:
         print("interrupted: every committed result is kept; rerun the same command to continue")
         return 130
-    if not args.no_summary and not args.tasks:
-        _whole_model_summary(graph, target, db)
+    t = summary.timing
+    if t is not None:
+        print(
+            f"whole model {summary.model}: default {t.default_us:,.1f} us, tuned {t.tuned_us:,.1f} us "
+            f"({t.speedup:.2f}x); {t.kernels_from_records} of {t.kernels} kernels use tuned records"
+        )
     return 0
-
-
-def _whole_model_summary(graph, target, db) -> None:
-    """Whole-model latency, default vs tuned, measured on compiled models."""
-    from compiler.reference import random_inputs
-    from tuner.api import compile as kiln_compile
-
-    if target.kind != "cpu":
-        return
-    inputs = random_inputs(graph, 0)
-    default = kiln_compile(graph, target).timeit(inputs, repeats=20, warmup=3)["median_us"]
-    tuned_model = kiln_compile(graph, target, db=db)
-    tuned = tuned_model.timeit(inputs, repeats=20, warmup=3)["median_us"]
-    used = sum(1 for k in tuned_model.kernels if k.extra.get("origin") == "record")
-    print(
-        f"whole model {graph.name}: default {default:,.1f} us, tuned {tuned:,.1f} us "
-        f"({default / tuned:.2f}x); {used} of {len(tuned_model.kernels)} kernels use tuned records"
-    )

@@ -12,6 +12,7 @@ import pytest
 from compiler.errors import KilnError, ModelError
 from compiler.frontend import load_model
 from compiler.frontend.onnx import OnnxImportError, load_onnx, summarize_onnx
+from tests.cli import kiln
 from tests.compiler.frontend.onnx_util import F32, Net, TensorProto, helper, init, make_model, onnx, tinfo
 
 
@@ -196,10 +197,6 @@ def test_summary(tmp_path):
     assert s["inputs"] == [{"name": "x", "dtype": "float32", "shape": [2, 8]}]
     assert s["ops"] == {"MatMul": 1, "Relu": 1} and s["supported"] and s["parameters"] == 32
     assert s["opsets"] == {"": 13}
-
-
-def kiln(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True)
 
 
 def test_cli_models_onnx(tmp_path):

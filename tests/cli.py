@@ -1,0 +1,69 @@
+"""Run the `kiln` command line from tests: in process (fast) or, where a test needs a real process, as one.
+
+``kiln(*args)`` calls :func:`tuner.cli.main` with ``args`` in this process, capturing what it writes to
+stdout and stderr and its exit status (``SystemExit`` from argparse's ``--help`` and usage errors included),
+and returns a :class:`subprocess.CompletedProcess`-like :class:`Result`. ``kiln_process(*args)`` runs
+``python -m tuner.cli`` in a subprocess, for the few end-to-end tests that need one (a console entry
+point, environment variables read at start-up, kill -9 in the middle of a run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Result:
+    """What a `kiln` invocation did: exit status and captured output (like subprocess.CompletedProcess)."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def kiln(*args: str) -> Result:
+    """Run ``kiln ARGS`` in this process; an unexpected exception becomes exit status 1 with its traceback
+    on stderr, as the console script would show it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse: --help, usage errors
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    return Result(list(args), int(code or 0), out.getvalue(), err.getvalue())
+
+
+def kiln_process(
+    *args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tuner.cli ARGS`` as a real process (from the repository root)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def kiln_command(*args: str) -> list[str]:
+    """The argv of ``python -m tuner.cli ARGS``, for tests that start the process themselves."""
+    return [sys.executable, "-m", "tuner.cli", *args]

@@ -1,0 +1,120 @@
+"""The library API: `tuner.tune(...)` returns a summary and always closes its run; `tuner.compile` reads the
+records it left. Measurements are simulated (tuner.measure_sim), so no compiler or timing is involved."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+import tuner
+from compiler.errors import KilnError
+from db.database import TuningDatabase
+from db.status import Status
+from tests.cli import kiln
+from tuner.api import TuneSummary, tune
+from tuner.measure import Measurer, MeasureResult
+from tuner.measure_sim import SimulatedBuilder, SimulatedRunner
+from tuner.scheduler import Budget
+from tuner.space import config_json
+
+
+def simulated(latency: float = 10.0) -> Measurer:
+    """Every valid config measures about ``latency`` us: a small offset from a checksum of its JSON tells
+    configs apart, so the search sees a landscape."""
+    runner = SimulatedRunner(
+        lambda task, config: latency + zlib.crc32(config_json(config).encode()) % 97 / 10
+    )
+    return Measurer(SimulatedBuilder(), runner)
+
+
+class ExplodingMeasurer:
+    """A measurer whose every batch fails (as a lost device or a broken build setup would)."""
+
+    def measure(self, inputs: list) -> list[MeasureResult]:
+        raise RuntimeError("the measuring machine went away")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'k.db'}"
+
+
+def test_tune_returns_a_summary_of_what_it_measured(url: str) -> None:
+    summary = tune("layernorm", "cpu", url, 6, batch=3, measurer=simulated(), time_model=False)
+    assert isinstance(summary, TuneSummary) and summary.model == "layernorm"
+    assert summary.measured == 6 and not summary.interrupted and summary.timing is None
+    (task,) = summary.tasks
+    assert task.measured == 6 and task.trials >= 6 and task.best_us is not None
+    assert task.default_us is not None and task.best_us <= task.default_us  # the default is measured first
+    assert task.speedup is not None and task.speedup >= 1.0
+    assert summary.tuned_tasks == 1 and summary.coverage == 1.0
+    assert summary.best_us == task.task.weight * task.best_us
+    with TuningDatabase.open(url) as db:
+        (run,) = db.runs("layernorm")
+        records = db.find_records(task.task.workload_key, summary.target)
+        assert run.id == summary.run_id and run.finished_at is not None
+        assert run.command_line == "tuner.tune('layernorm')"
+        assert len([r for r in records if r.run_id == summary.run_id]) == 6
+        assert db.model_tasks("layernorm") == [(task.task.workload_key, 1.0)]
+        best = db.best(task.task.workload_key, summary.target)
+        assert best.median_us == pytest.approx(task.best_us) and best.config == task.best_config
+    model = tuner.compile("layernorm", "cpu", db=url)  # exported from the package, reads the records
+    assert model.kernels[0].extra["origin"] == "record" and model.kernels[0].config == task.best_config
+
+
+def test_tune_takes_an_open_database_and_a_time_budget(url: str) -> None:
+    with TuningDatabase.open(url) as db:
+        summary = tuner.tune("softmax", db=db, budget=Budget(trials=4, seconds=60), measurer=simulated())
+        again = tune("softmax", db=db, budget=2, measurer=simulated(), time_model=False)
+        assert len(db.runs("softmax")) == 2
+    assert summary.measured == 4 and again.measured == 2  # the second run measures only new configs
+    assert again.tasks[0].trials >= 6 and again.tasks[0].measured == 2
+    timing = summary.timing  # a whole-model CPU run ends by timing the compiled model, default vs tuned
+    assert timing is not None and timing.kernels_from_records == timing.kernels == 1
+    assert timing.default_us > 0 and timing.tuned_us > 0
+
+
+def test_the_run_is_closed_when_measuring_fails(url: str) -> None:
+    with pytest.raises(RuntimeError, match="went away"):
+        tune("softmax", "cpu", url, 4, measurer=ExplodingMeasurer(), time_model=False)
+    with TuningDatabase.open(url) as db:
+        (run,) = db.runs("softmax")
+        assert run.finished_at is not None
+
+
+def test_the_run_is_closed_when_the_measurer_cannot_be_made(url: str) -> None:
+    """`kiln tune --target cuda` on a machine that cannot build or run CUDA fails cleanly with a closed
+    run; where CUDA works it tunes (both leave a finished run row)."""
+    out = kiln("tune", "--model", "softmax", "--target", "cuda", "--trials", "2", "--db", url, "--no-summary")
+    assert "Traceback" not in out.stderr
+    if out.returncode != 0:
+        assert out.returncode == 2 and "kiln tune: error:" in out.stderr
+    with TuningDatabase.open(url) as db:
+        (run,) = db.runs("softmax")
+        assert run.finished_at is not None and run.target_key.startswith("cuda/")
+        assert run.command_line.startswith("kiln tune --model softmax --target cuda")
+
+
+def test_bad_arguments_are_kiln_errors(url: str) -> None:
+    with pytest.raises(KilnError, match="at least 1 trial"):
+        tune("softmax", db=url, budget=0)
+    with pytest.raises(KilnError, match="cost model"):
+        tune("softmax", db=url, budget=2, cost_model="oracle")
+    with pytest.raises(KilnError, match="matches no task"):
+        tune("softmax", db=url, budget=2, tasks=["zzzz"])
+    with TuningDatabase.open(url, create=True) as db:
+        assert db.runs() == []  # argument errors are found before a run is opened
+
+
+def test_records_of_a_failed_measurement_are_data(url: str) -> None:
+    """Candidates that fail are recorded with their status and never become the best."""
+    runner = SimulatedRunner(lambda task, config: Status.WRONG_RESULT if config != task.default() else 5.0)
+    summary = tune(
+        "softmax", db=url, budget=4, measurer=Measurer(SimulatedBuilder(), runner), time_model=False
+    )
+    (task,) = summary.tasks
+    assert task.best_us == 5.0 and task.errors.get("wrong_result", 0) >= 1
