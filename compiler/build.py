@@ -16,14 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.backends.registry import Config, get_sketch, sketch_for
+from compiler.backends import get_backend
+from compiler.backends.sketch import Config
 from compiler.errors import KilnError, ScheduleError
 from compiler.frontend import load_model
 from compiler.fusion import FusedGraph, FusionPlan, Group, fuse
 from compiler.graph import Graph
-from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.passes import optimize
+from compiler.runtime.assemble import assemble
+from compiler.runtime.executor import CompiledModel
 from compiler.target import Target
 
 log = logging.getLogger("kiln.build")
@@ -78,8 +80,10 @@ def kernel_for(
     origin: str = "default",
     name: str | None = None,
 ) -> KernelPlan:
-    """Schedule and lower one group with ``config`` (or the sketch's default)."""
-    sketch = get_sketch(sketch_name) if sketch_name else sketch_for(group)
+    """Schedule and lower one group for ``target`` with ``config`` (or the sketch's default), using the
+    sketch called ``sketch_name`` (or the one ``target``'s backend picks for the group)."""
+    backend = get_backend(target)
+    sketch = backend.get_sketch(sketch_name) if sketch_name else backend.sketch_for(group)
     if config is None:
         config, origin = sketch.default(group, target), "default"
     try:
@@ -88,7 +92,7 @@ def kernel_for(
         raise ScheduleError(
             f"group {group.name} ({group.kind}), sketch {sketch.name}, config {config}: {exc}"
         ) from exc
-    func = lower_func(sch.func)
+    func = backend.lower(sch.func)
     func.name = name or group.name
     return KernelPlan(func.name, group, sketch.name, sketch.version, config, origin, func, sch.show_trace())
 
@@ -127,16 +131,13 @@ def plan_model(
     return ModelPlan(g, fused, target, kernels, views)
 
 
-
 def compile(
     model: Graph | str,
     target: Target | str = "cpu",
     plan: FusionPlan | None = None,
     configs: ConfigSource | None = None,
-):
+) -> CompiledModel:
     """Compile a model (graph, built-in name or ONNX path) for ``target``. ``configs`` says which config
     each group uses (``tuner.records.database_config_source(db)`` reads a tuning database); groups it
     has nothing for use their sketch's default."""
-    from compiler.runtime.assemble import assemble
-
     return assemble(plan_model(model, target, configs, plan))

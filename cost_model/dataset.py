@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.backends import get_sketch
 from compiler.errors import KilnError
 from compiler.target import Target
 from cost_model.features import FEATURE_VERSION, N_FEATURES, FeatureExtractor
@@ -108,8 +109,6 @@ def load_dataset(
     """Every usable record of ``target_key`` (of ``workloads`` if given) with its features; see the module
     docstring. ``records`` skips the database query; ``cache=False`` neither reads nor writes cached
     features."""
-    from compiler.backends.registry import get_sketch
-
     extractor = extractor or FeatureExtractor()
     groups = groups or GroupCache(db)
     target = target_of(db, target_key)
@@ -133,7 +132,7 @@ def load_dataset(
         kinds[r.workload_key] = group.kind
         if vec is None:
             try:
-                sketch = get_sketch(r.sketch)
+                sketch = get_sketch(r.sketch, target)
             except KilnError:
                 continue
             if sketch.version != r.sketch_version:

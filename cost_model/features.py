@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from compiler.backends.registry import Config, get_sketch, sketch_for
+from compiler.backends import get_sketch, sketch_for
+from compiler.backends.sketch import Config
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import lower_func
@@ -262,7 +263,7 @@ def _gpu_row(func: PrimFunc, m: Machine, local: int, shared: int) -> list[float]
 
 def lower_candidate(group: Group, config: Config, target: Target, sketch_name: str | None = None) -> PrimFunc:
     """Schedule ``group`` with ``config`` (the sketch checks it) and lower it for feature extraction."""
-    sketch = get_sketch(sketch_name) if sketch_name else sketch_for(group)
+    sketch = get_sketch(sketch_name, target) if sketch_name else sketch_for(group, target)
     return lower_func(sketch.build(group, config, target).func, unroll=False)
 
 
@@ -277,7 +278,7 @@ class FeatureExtractor:
         self.misses = 0
 
     def key(self, group: Group, target: Target, config: Config, sketch_name: str | None = None) -> tuple:
-        sketch = get_sketch(sketch_name) if sketch_name else sketch_for(group)
+        sketch = get_sketch(sketch_name, target) if sketch_name else sketch_for(group, target)
         return (group.workload_key, sketch.name, sketch.version, target.key, config_json(config))
 
     def get(

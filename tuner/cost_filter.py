@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.backends.registry import Config
+from compiler.backends.sketch import Config
 from compiler.errors import KilnError, ScheduleError
 from compiler.target import Target
 from cost_model.dataset import GroupCache, load_dataset, record_latency

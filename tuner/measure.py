@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.backends.registry import Config
+from compiler.backends.sketch import Config
 from compiler.errors import KilnError
 from compiler.target import Target
 from db.status import Status

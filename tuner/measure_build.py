@@ -187,7 +187,7 @@ def _builder_main(conn: Any) -> None:
         "compiler.backends.cpu.codegen",
         "compiler.fusion",
         "compiler.loopir",
-        "compiler.backends.registry",
+        "compiler.backends.cpu.backend",
     )
     for module in modules:
         importlib.import_module(module)

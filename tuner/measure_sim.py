@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from compiler.backends.registry import Config
+from compiler.backends.sketch import Config
 from db.status import Status
 from tuner.measure import Builder, BuildResult, MeasureInput, Runner, RunResult
 from tuner.space import config_json

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from compiler.backends.registry import get_sketch, sketch_for
+from compiler.backends import sketch_for
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group
 from compiler.target import Target
 
 
 def validator_for(group: Group, target: Target) -> Callable[[Any], str | None]:
-    sketch = sketch_for(group)
+    sketch = sketch_for(group, target)
 
     def validate(record: Any) -> str | None:
         if record.sketch != sketch.name:
@@ -70,4 +70,4 @@ def workload_validator(db: Any, target_key: str) -> Callable[[Any], str | None]:
     return validate
 
 
-__all__ = ["database_config_source", "get_sketch", "validator_for", "workload_validator"]
+__all__ = ["database_config_source", "validator_for", "workload_validator"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler.backends.registry import Config, Knob
+from compiler.backends.sketch import Config, Knob
 from compiler.errors import KilnError
 
 SAMPLERS = ("tpe", "cmaes", "random", "gp")

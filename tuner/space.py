@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from compiler.backends.registry import Config, Knob
+from compiler.backends.sketch import Config, Knob
 from compiler.errors import ScheduleError
 
 

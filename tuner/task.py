@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.backends.registry import Config, Knob, Sketch, sketch_for
+from compiler.backends import sketch_for
+from compiler.backends.sketch import Config, Knob, Sketch
 from compiler.fusion import FusionPlan, Group, fuse
 from compiler.graph import Graph
 from compiler.passes import optimize
@@ -60,5 +61,5 @@ def extract_tasks(graph: Graph, target: Target | str, plan: FusionPlan | None = 
         if key in tasks:
             tasks[key].weight += 1
         else:
-            tasks[key] = Task(key, group, target, 1, sketch_for(group))
+            tasks[key] = Task(key, group, target, 1, sketch_for(group, target))
     return list(tasks.values())

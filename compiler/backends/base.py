@@ -32,7 +32,8 @@ class Backend(ABC):
       database is ``(backend name, sketch name, sketch version)``: the target key of a record names the
       backend, so changing one backend's sketches never invalidates another backend's records.
     - ``sketches()`` lists the backend's sketches in the order :meth:`sketch_for` tries them; names are
-      unique within the backend and the last one applies to every group (a fallback).
+      unique within the backend. A group kind no sketch applies to cannot be compiled for the target
+      (``sketch_for`` raises a KilnError naming the group; the CUDA backend has no sketch for opaque groups).
     - ``lower(func)`` turns a scheduled, block-structured ``PrimFunc`` into the block-free target loop IR
       that ``codegen`` prints and the interpreters run; ``func`` is left untouched.
     - ``codegen(funcs, target, launches)`` returns one translation unit of source text for lowered

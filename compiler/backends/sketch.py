@@ -4,7 +4,13 @@ A sketch offers ``space(group, target)`` (knobs, each with a finite list of lega
 ``default(group, target)`` (a good rule-based config) and ``build(group, config, target)`` (a schedule
 written with the loop-IR primitives). A config is a plain JSON-able dict of knob name -> value;
 ``check`` rejects configs the knob lists allow but the target or shape cannot run, raising
-``ScheduleError`` before anything is built (the tuner skips those)."""
+``ScheduleError`` before anything is built (the tuner skips those).
+
+Each backend lists its own sketches (``Backend.sketches()``); a sketch's identity in the tuning database
+is (backend, sketch name, version). This module also holds the scheduling steps every backend's sketches
+start from: :func:`prepare` (lower and inline), :func:`output_blocks`, :func:`fuse_loops` and
+:func:`place_windows`. Target-independent analysis of a group lives in
+:mod:`compiler.backends.group_analysis`."""
 
 from __future__ import annotations
 
@@ -13,11 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compiler.backends import group_analysis as G
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
 from compiler.loopir.schedule import Schedule
-from compiler.loopir.stmt import Block, PrimFunc
+from compiler.loopir.stmt import Block, For, PrimFunc
 from compiler.target import Target
 from compiler.te import lower as te_lower
 from compiler.te_ops import graph_to_te
@@ -27,6 +34,8 @@ Config = dict[str, Any]
 
 @dataclass(frozen=True)
 class Knob:
+    """One tunable knob of a sketch and its finite list of legal values."""
+
     name: str
     values: tuple[Any, ...]
     doc: str = ""
@@ -91,39 +100,58 @@ def check_against_space(sketch: str, knobs: Sequence[Knob], config: Config) -> N
 
 
 def prepare(
-    group: Group, name: str | None = None, keep: Callable[[Block], bool] | None = None
+    group: Group, name: str | None = None, keep: Callable[[Schedule, Block], bool] | None = None
 ) -> tuple[Schedule, list[Block]]:
     """Lower the group to blocks and inline every elementwise intermediate that can be inlined (except the
-    ones ``keep`` selects). Returns the schedule and the blocks that remain, in program order."""
+    ones ``keep(schedule, block)`` selects). Returns the schedule and the blocks that remain, in program
+    order."""
     func: PrimFunc = te_lower(graph_to_te(group.subgraph, name or group.name))
     sch = Schedule(func)
     outputs = {id(b) for b in func.outputs}
     for b in list(sch.blocks()):
         if b.is_reduction or any(id(w) in outputs for w in A.writes(b)):
             continue
-        if keep is not None and keep(b):
+        if keep is not None and keep(sch, b):
             continue
         sch.compute_inline(b)
     return sch, sch.blocks()
 
 
-# Below this much work (elements touched, or flops / 8 for contractions) an OpenMP fork/join costs more
-# than it saves, and on a loaded machine a spinning thread pool can cost milliseconds: stay serial.
-PARALLEL_MIN_WORK = 1 << 16
-
-
-def divisors_upto(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
-
-
-def pow2_upto(limit: int) -> list[int]:
-    out, v = [], 1
-    while v <= limit:
-        out.append(v)
-        v *= 2
-    return out
-
-
 def output_blocks(sch: Schedule) -> list[Block]:
+    """The blocks that write an output of the scheduled function, in program order."""
     outs = {id(b) for b in sch.func.outputs}
     return [b for b in sch.blocks() if any(id(w) in outs for w in A.writes(b))]
+
+
+def fuse_loops(sch: Schedule, loops: Sequence[For]) -> For | None:
+    """``loops`` (directly nested) fused into one: the loop itself when there is one, None for none."""
+    if not loops:
+        return None
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def place_windows(sch: Schedule, out: Block) -> list[For]:
+    """Prepare the output block ``out`` of a pointwise group for tiling and return its spatial loops:
+    every reduction stage feeding it (a pooling window) is computed inside its innermost spatial loop,
+    and its own reduction (if any) has its init split off."""
+    loops = sch.get_loops(out)
+    n_sp = G.n_spatial(out)
+    spatial = loops[:n_sp]
+    for b in sch.blocks():
+        if b is not out and b.is_reduction and spatial and G.feeds(b, out):
+            sch.compute_at(b, spatial[-1])
+    if out.is_reduction and out.init is not None and len(loops) > n_sp:
+        sch.decompose_reduction(out, loops[n_sp])
+    return spatial
+
+
+def contraction_stages(sch: Schedule, blocks: Sequence[Block]) -> tuple[Block, Block]:
+    """(the contraction block, its epilogue block) of a contraction group after :func:`prepare`. The
+    contraction accumulates into a local buffer: when it wrote the output directly, a ``cache_write``
+    splits off the epilogue (a copy); otherwise its result becomes local and the epilogue is its reader."""
+    mm = next(b for b in blocks if b.is_reduction)
+    out_buf = A.writes(mm)[0]
+    if any(p is out_buf for p in sch.func.params):
+        return mm, sch.cache_write(mm, out_buf, "local")
+    sch.set_scope(out_buf, "local")
+    return mm, next(b for b in sch.blocks() if out_buf in A.reads(b))

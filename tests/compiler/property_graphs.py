@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from compiler.backends.registry import sketch_for
+from compiler.backends import sketch_for
 from compiler.backends.sketch import Config, Sketch
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
@@ -33,7 +33,7 @@ def legal_configs(
         if group.kind != kind or group.is_view:
             continue
         seen += 1
-        sketch = sketch_for(group)
+        sketch = sketch_for(group, target)
         config = {
             k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in sketch.space(group, target)
         }

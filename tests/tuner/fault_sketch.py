@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from compiler.backends.cpu.codegen import generate_c
-from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
-from compiler.backends.registry import Config, Knob, Sketch
+from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
+from compiler.backends.sketch import Config, Knob, Sketch
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
@@ -33,6 +33,7 @@ from compiler.loopir.expr import Load, Var, const
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, BufferStore, For, PrimFunc, SeqStmt
 from compiler.target import Target
+from tuner.task import Task, extract_tasks
 
 FAULTS = ("none", "wrong", "oob_write", "crash", "hang", "invalid", "compile_error")
 SLOW_BUILD = "slow_build"  # not in FAULTS: scheduling never finishes (sleeps), for the builder's timeout
@@ -73,11 +74,11 @@ class FaultSketch(Sketch):
             time.sleep(3600)
         if fault in ("none", "compile_error"):
             pw = {"flatten": 1, "vector": config["vector"], "unroll": 1, "parallel": config["parallel"]}
-            sch = PointwiseSketch().build(group, pw, target)
+            sch = CpuPointwiseSketch().build(group, pw, target)
             if fault == "compile_error":
                 sch.func.attrs["fault"] = "compile_error"
             return sch
-        sch = PointwiseSketch().build(
+        sch = CpuPointwiseSketch().build(
             group, {"flatten": 1, "vector": 1, "unroll": 1, "parallel": "none"}, target
         )
         x, y = sch.func.params
@@ -141,10 +142,9 @@ def fault_codegen_prelude(funcs: Sequence[PrimFunc], target: Any = None) -> str:
     return source
 
 
-def fault_task(target: Target | str = "cpu", shape: tuple[int, int] = (64, 128), scale: float = 2.0) -> Any:
-    """A task computing ``x * scale`` on ``shape`` scheduled by :class:`FaultSketch`."""
-    from tuner.task import extract_tasks
-
+def fault_task(target: Target | str = "cpu", shape: tuple[int, int] = (64, 128), scale: float = 2.0) -> Task:
+    """A task computing ``x * scale`` on ``shape`` scheduled by :class:`FaultSketch`: a task carries its
+    sketch (the measurement workers receive it with the task), so no backend needs to list it."""
     b = GraphBuilder("fault")
     graph = b.build([b.multiply(b.input("x", shape), scale)])
     (task,) = extract_tasks(graph, target)

@@ -8,10 +8,10 @@ from typing import Any
 from compiler.backends.base import Backend
 from compiler.backends.cpu.codegen import generate_c
 from compiler.backends.cpu.executor import CpuCompiledModel
-from compiler.backends.cpu.sketches.contraction import ContractionSketch
-from compiler.backends.cpu.sketches.generic import GenericSketch
-from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
-from compiler.backends.cpu.sketches.reduction import ReductionSketch
+from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
+from compiler.backends.cpu.sketches.generic import CpuGenericSketch
+from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
+from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
 from compiler.backends.sketch import Sketch
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
@@ -24,7 +24,12 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self) -> None:
-        self._sketches = (PointwiseSketch(), ReductionSketch(), ContractionSketch(), GenericSketch())
+        self._sketches = (
+            CpuPointwiseSketch(),
+            CpuReductionSketch(),
+            CpuContractionSketch(),
+            CpuGenericSketch(),
+        )
 
     def sketches(self) -> Sequence[Sketch]:
         return self._sketches

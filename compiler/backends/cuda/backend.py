@@ -6,13 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from compiler.backends.base import Backend
-from compiler.backends.cpu.sketches.contraction import ContractionSketch
-from compiler.backends.cpu.sketches.generic import GenericSketch
-from compiler.backends.cpu.sketches.pointwise import PointwiseSketch
-from compiler.backends.cpu.sketches.reduction import ReductionSketch
 from compiler.backends.cuda.codegen import generate_cuda
 from compiler.backends.cuda.executor import CudaCompiledModel
-from compiler.backends.cuda.sketches.pointwise import copy_func
+from compiler.backends.cuda.sketches.contraction import CudaContractionSketch
+from compiler.backends.cuda.sketches.pointwise import CudaPointwiseSketch, copy_func
+from compiler.backends.cuda.sketches.reduction import CudaReductionSketch
 from compiler.backends.sketch import Sketch
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
@@ -23,7 +21,7 @@ class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self) -> None:
-        self._sketches = (PointwiseSketch(), ReductionSketch(), ContractionSketch(), GenericSketch())
+        self._sketches = (CudaPointwiseSketch(), CudaReductionSketch(), CudaContractionSketch())
 
     def sketches(self) -> Sequence[Sketch]:
         return self._sketches

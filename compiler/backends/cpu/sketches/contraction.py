@@ -1,8 +1,8 @@
-"""The contraction sketch: matmul / batch_matmul / conv2d with a fused elementwise epilogue.
+"""The CPU contraction sketch: matmul / batch_matmul / conv2d with a fused elementwise epilogue.
 
-The block's spatial loops are classified by the operands they index: M (only the first operand), N
-(only the second), batch (both). CPU schedule, BLIS style without K blocking (the accumulator tile
-lives in registers for the whole K, so the epilogue runs on registers):
+The block's spatial loops are classified by the operands they index (:func:`group_analysis.gemm_view`):
+M (only the first operand), N (only the second), batch (both). The schedule is BLIS style without K
+blocking (the accumulator tile lives in registers for the whole K, so the epilogue runs on registers):
 
     parallel for (batch, outer M/N dims, n_o)   [pack B panel: n_o's K x NC block, layout [NC/NR][K][NR]]
       for m_o                                   [pack A panel: MC x K, layout [MC/MR][K][MR]]
@@ -12,18 +12,21 @@ lives in registers for the whole K, so the epilogue runs on registers):
 
 Knobs: ``mr``, ``nr`` (register tile), ``vector``, ``mc_tiles`` / ``nc_tiles`` (cache block = tiles x
 register tile), ``pack_a``, ``pack_b``, ``order``, ``unroll_k``, ``parallel``.
-CUDA knobs: ``bm``, ``bn``, ``bk``, ``tm``, ``tn``, ``vector``, ``double_buffer``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
-from compiler.backends.sketch import PARALLEL_MIN_WORK, Config, Knob, Sketch, prepare
+from compiler.backends import group_analysis as G
+from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
+from compiler.backends.group_analysis import GemmView, gemm_view
+from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, fuse_loops, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
+from compiler.layouts import TilePack
 from compiler.loopir import analysis as A
-from compiler.loopir.expr import Binary, Expr, Load, Var, free_vars, walk
+from compiler.loopir.expr import free_vars
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
 from compiler.target import Target
@@ -31,126 +34,17 @@ from compiler.target import Target
 REGISTERS = 32  # vector registers on AVX-512 (16 on AVX2)
 
 
-@dataclass
-class GemmView:
-    """How the contraction block's loops map onto a GEMM."""
+class CpuContractionSketch(Sketch):
+    """Contraction groups on the CPU: a register-tiled micro-kernel inside cache blocks, packed panels."""
 
-    block: Block
-    a: Buffer  # first operand (broadcast side)
-    b: Buffer  # second operand (vector side)
-    batch: list[For]
-    m: list[For]
-    n: list[For]
-    k: list[For]
-    b_ndim: int | None  # axis of b indexed by the innermost n loop (None if not a plain variable)
-    a_mdim: int | None
-    n_dims: list[int]  # positions of the N-side spatial iteration variables (= axes of the output)
-
-    @property
-    def m_extent(self) -> int:
-        return self.m[-1].extent if self.m else 1
-
-    @property
-    def n_extent(self) -> int:
-        return self.n[-1].extent if self.n else 1
-
-
-def _anchor_extents(group: Group) -> tuple[int, int]:
-    """(innermost M extent, innermost N extent) computed from the anchor's shapes."""
-    n = group.anchor
-    assert n is not None
-    if n.op == "conv2d":
-        return n.output.shape[3], n.output.shape[1]
-    return n.output.shape[-2], n.output.shape[-1]
-
-
-def _product_sides(block: Block) -> tuple[list[Load], list[Load]]:
-    """The loads of the two factors of the contraction's product ``acc + lhs * rhs``: operands are told
-    apart by side, so ``x @ x^T`` or two slices of one tensor are two operands."""
-    own = set(A.writes(block))
-    for st in A.block_stores(block):
-        value = st.value
-        if isinstance(value, Binary) and value.op == "+":
-            src = value.b if isinstance(value.a, Load) and value.a.buffer in own else value.a
-            while isinstance(src, Binary) and src.op == "*" and not (_loads_of(src.a) and _loads_of(src.b)):
-                src = src.a if _loads_of(src.a) else src.b  # skip constant scale factors
-            if isinstance(src, Binary) and src.op == "*":
-                return _loads_of(src.a), _loads_of(src.b)
-    raise ScheduleError(f"contraction: block {block.name} is not a sum of products of two operands")
-
-
-def _loads_of(e: Expr) -> list[Load]:
-    return [x for x in walk(e) if isinstance(x, Load)]
-
-
-def gemm_view(sch: Schedule, block: Block) -> GemmView:
-    loads_a, loads_b = _product_sides(block)
-    a, b = loads_a[0].buffer, loads_b[0].buffer
-    loops = sch.get_loops(block)
-    by_var = dict(zip((iv.var for iv in block.iter_vars), zip(block.iter_vars, loops)))
-    uses: dict[int, set[str]] = {}
-    for side, side_loads in (("a", loads_a), ("b", loads_b)):
-        for ld in side_loads:
-            for i in ld.indices:
-                for v in free_vars(i):
-                    uses.setdefault(v.uid, set()).add(side)
-    batch, m, n, k = [], [], [], []
-    n_dims: list[int] = []
-    for pos, (iv, lp) in enumerate(by_var.values()):
-        if iv.kind == "R":
-            k.append(lp)
-            continue
-        u = uses.get(iv.var.uid, set())
-        (m if u == {"a"} else n if u == {"b"} else batch).append(lp)
-        if u == {"b"}:
-            n_dims.append(pos)
-    n_var = _var_of(block, n[-1]) if n else None
-    m_var = _var_of(block, m[-1]) if m else None
-    b_ndim = _plain_axis(loads_b, b, n_var) if a is not b else None  # one buffer on both sides: no packing
-    a_mdim = _plain_axis(loads_a, a, m_var) if a is not b else None
-    return GemmView(block, a, b, batch, m, n, k, b_ndim, a_mdim, n_dims)
-
-
-def _var_of(block: Block, loop: For) -> Var:
-    for iv, e in zip(block.iter_vars, block.bindings):
-        if e is loop.var:
-            return iv.var
-    raise ScheduleError(f"loop {loop.var.name} is not bound to an iteration variable")
-
-
-def _plain_axis(loads: list[Load], buf: Buffer, var: Var | None) -> int | None:
-    """The axis of ``buf`` indexed by exactly ``var`` in every load (None when not that simple)."""
-    if var is None:
-        return None
-    axes = set()
-    for ld in loads:
-        if ld.buffer is buf:
-            hits = [d for d, i in enumerate(ld.indices) if i is var]
-            if len(hits) != 1 or any(var in free_vars(i) for d, i in enumerate(ld.indices) if d != hits[0]):
-                return None
-            axes.add(hits[0])
-    return axes.pop() if len(axes) == 1 else None
-
-
-class ContractionSketch(Sketch):
     name = "contraction"
     version = 1
     kinds = ("contraction",)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
-        if target.kind == "cuda":
-            return [
-                Knob("bm", (32, 64, 128, 256), "rows of C per thread block"),
-                Knob("bn", (32, 64, 128, 256), "columns of C per thread block"),
-                Knob("bk", (8, 16, 32, 64), "K slice staged in shared memory"),
-                Knob("tm", (1, 2, 4, 8), "rows of C per thread (register tile)"),
-                Knob("tn", (1, 2, 4, 8), "columns of C per thread (register tile)"),
-                Knob("vector", (1, 2, 4), "vector width of global loads"),
-                Knob("double_buffer", (0, 1), "double-buffer the shared-memory tiles"),
-            ]
         lanes = target.vector_lanes_f32
-        m_ext, n_ext = _anchor_extents(group)
-        conv = group.anchor is not None and group.anchor.op == "conv2d"
+        m_ext, n_ext = G.anchor_extents(group)
+        conv = G.is_conv(group)
         vectors = tuple(v for v in (1, 4, 8, 16) if v <= lanes)
         return [
             Knob("mr", tuple(v for v in (1, 2, 4, 6, 8, 12, 14) if v <= max(1, m_ext)), "register tile rows"),
@@ -165,7 +59,7 @@ class ContractionSketch(Sketch):
             Knob("pack_a", (0,) if conv else (0, 1), "pack the A panel [MC/MR][K][MR]"),
             Knob(
                 "pack_b",
-                (0, 1, 2) if _const_b(group) else (0, 1),
+                (0, 1, 2) if G.const_second_operand(group) else (0, 1),
                 "B panel: 0 read in place, 1 packed per call [NC/NR][K][NR], "
                 "2 pre-packed weights (at compile time)",
             ),
@@ -175,37 +69,20 @@ class ContractionSketch(Sketch):
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
-        if target.kind == "cuda":
-            threads = (config["bm"] // config["tm"]) * (config["bn"] // config["tn"])
-            if threads > target.max_threads_per_block or threads < 32:
-                raise ScheduleError(
-                    f"contraction: {threads} threads per block is outside "
-                    f"[32, {target.max_threads_per_block}]"
-                )
-            smem = (config["bm"] + config["bn"]) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
-            if smem > target.max_shared_bytes_optin:
-                raise ScheduleError(f"contraction: {smem} bytes of shared memory exceed the device limit")
-            return
         v, nr, mr = config["vector"], config["nr"], config["mr"]
         if nr % v:
             raise ScheduleError(f"contraction: vector {v} does not divide nr {nr}")
         if mr * (nr // v) > REGISTERS - 4 and v > 1:
             raise ScheduleError(f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector registers")
-        m_ext, n_ext = _anchor_extents(group)
+        m_ext, n_ext = G.anchor_extents(group)
         if config["mc_tiles"] > 1 and mr * config["mc_tiles"] > 2 * m_ext:
             raise ScheduleError("contraction: the M cache block is far larger than M")
         if config["nc_tiles"] > 1 and nr * config["nc_tiles"] > 2 * n_ext:
             raise ScheduleError("contraction: the N cache block is far larger than N")
 
     def default(self, group: Group, target: Target) -> Config:
-        m_ext, n_ext = _anchor_extents(group)
-        if target.kind == "cuda":
-            if m_ext >= 512 and n_ext >= 512 and (group.anchor is None or group.anchor.op != "conv2d"):
-                # large GEMMs: 128x128 block tiles, 8x8 per thread, prefetching double buffer
-                # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90)
-                return {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
-            return {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
-        k_ext, batch = _reduce_and_batch(group)
+        m_ext, n_ext = G.anchor_extents(group)
+        k_ext, batch = G.reduce_and_batch(group)
         lanes = target.vector_lanes_f32
         v = lanes if n_ext >= lanes else max(x for x in (4, 8, 16) if x <= max(4, n_ext) and x <= lanes)
         nr = 2 * v if n_ext >= 2 * v else v
@@ -238,7 +115,7 @@ class ContractionSketch(Sketch):
             "mc_tiles": mc_tiles,
             "nc_tiles": nc_tiles,
             "pack_a": 0,
-            "pack_b": 2 if _const_b(group) else 1,
+            "pack_b": 2 if G.const_second_operand(group) else 1,
             "order": "nm",
             "unroll_k": 1,
             "parallel": parallel,
@@ -247,19 +124,9 @@ class ContractionSketch(Sketch):
     # ------------------------------------------------------------------ build
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
         self.check(group, config, target)
-        if target.kind == "cuda":
-            from compiler.backends.cuda.sketches.contraction import build_contraction_cuda
-
-            return build_contraction_cuda(self, group, config, target)
         # a convolution's zero-padded input copy stays a stage of its own (read with affine indices)
-        sch, blocks = prepare(group, keep=lambda b: b.name.endswith("_pad"))
-        mm = next(b for b in blocks if b.is_reduction)
-        out_buf = A.writes(mm)[0]
-        if any(p is out_buf for p in sch.func.params):
-            epi = sch.cache_write(mm, out_buf, "local")
-        else:
-            out_buf.scope = "local"
-            epi = next(b for b in sch.blocks() if out_buf in A.reads(b))
+        sch, blocks = prepare(group, keep=lambda _sch, b: b.name.endswith("_pad"))
+        mm, epi = contraction_stages(sch, blocks)
         view = gemm_view(sch, mm)
         if not view.m or not view.n:
             return self._simple(sch, mm, epi, config)
@@ -285,11 +152,9 @@ class ContractionSketch(Sketch):
             if not b.name.endswith("_pad"):
                 continue
             loops = sch.get_loops(b)
-            numel = 1
-            for lp in loops:
-                numel *= lp.extent
+            numel = math.prod(lp.extent for lp in loops)
             if len(loops) > 1 and config["parallel"] != "none" and numel >= PARALLEL_MIN_WORK:
-                sch.parallel(sch.fuse(*loops[:-1]))
+                sch.parallel(fuse_loops(sch, loops[:-1]))
 
     def _simple(self, sch: Schedule, mm: Block, epi: Block, config: Config) -> Schedule:
         """Shapes without both an M and an N axis (e.g. matrix-vector): parallel outer loop, serial K."""
@@ -338,8 +203,6 @@ class ContractionSketch(Sketch):
         self._vector_tile(sch, init, v, nr)
         self._vector_tile(sch, epi, v, nr, view.n_dims[-1] if view.n_dims else None)
         if config["pack_b"] == 2 and view.b_ndim is not None:  # weights packed once, at compile time
-            from compiler.layouts import TilePack
-
             sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr, pad_to=nc))
             if view.n_extent % nr:
                 self._pad_lanes(sch, (mm, init))
@@ -363,8 +226,8 @@ class ContractionSketch(Sketch):
             self._pack(sch, mm, view.a, view.a_mdim, mr, m_o)
         if config["parallel"] != "none":
             par = top[: len(top) - 1]
-            fused = sch.fuse(*par) if len(par) > 1 else par[0]
-            if fused.extent > 1:
+            fused = fuse_loops(sch, par)
+            if fused is not None and fused.extent > 1:
                 sch.parallel(fused)
 
     @staticmethod
@@ -429,34 +292,9 @@ class ContractionSketch(Sketch):
         return pack
 
 
-def _const_b(group: Group) -> bool:
-    """The second operand is a model constant read without a layout prologue (so it can be pre-packed)."""
-    a = group.anchor
-    return a is not None and len(a.inputs) > 1 and group.is_const_input(a.inputs[1])
-
-
-def _reduce_and_batch(group: Group) -> tuple[int, int]:
-    """(reduction length K, number of independent GEMMs) of the group's contraction."""
-    n = group.anchor
-    assert n is not None
-    if n.op == "conv2d":
-        _o, cg, kh, kw = n.inputs[1].shape
-        return cg * kh * kw, n.output.shape[0] * n.output.shape[2]
-    a = n.inputs[0].shape
-    k = a[-2] if n.attrs["transpose_a"] else a[-1]
-    batch = 1
-    for d in n.output.shape[:-2]:
-        batch *= d
-    return k, batch
-
-
 def _tiles_within(cap: int, extent: int, tile: int) -> int:
     """The largest knob value (1, 2, 4 ... 32) not above ``cap``, preferring one whose cache block
     (value x tile) divides ``extent`` so no tail guard is needed."""
     values = [t for t in (1, 2, 4, 8, 16, 32) if t <= cap] or [1]
     dividing = [t for t in values if extent % (t * tile) == 0]
     return max(dividing) if dividing else max(values)
-
-
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(1, x).bit_length() - 1)

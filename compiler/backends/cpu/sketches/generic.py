@@ -1,10 +1,14 @@
-"""The generic sketch for opaque groups: the group's loop nests as lowered, reductions with their init
-hoisted, the outermost loop of each nest parallel when it is data-parallel. No knobs to tune."""
+"""The CPU generic sketch for opaque groups: the group's loop nests as lowered, reductions with their init
+hoisted, the outermost loop of each nest parallel when it is data-parallel.
+
+Only the CPU backend offers it: a loop nest with no thread binding is no GPU kernel, so the CUDA backend
+has no sketch for opaque groups (compiling one for CUDA fails with an error naming the group)."""
 
 from __future__ import annotations
 
 import contextlib
 
+from compiler.backends import group_analysis as G
 from compiler.backends.sketch import Config, Knob, Sketch, output_blocks, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
@@ -12,7 +16,9 @@ from compiler.loopir.schedule import Schedule
 from compiler.target import Target
 
 
-class GenericSketch(Sketch):
+class CpuGenericSketch(Sketch):
+    """Opaque groups on the CPU; one knob, OpenMP over each nest's outermost loop or not."""
+
     name = "generic"
     version = 1
     kinds = ("opaque",)
@@ -25,12 +31,10 @@ class GenericSketch(Sketch):
 
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
         self.check(group, config, target)
-        if target.kind == "cuda":
-            raise ScheduleError(f"group {group.name}: opaque groups have no CUDA schedule")
         sch, _ = prepare(group)
         for b in sch.blocks():
             loops = sch.get_loops(b)
-            n_sp = sum(1 for iv in b.iter_vars if iv.kind == "S")
+            n_sp = G.n_spatial(b)
             if b.init is not None and len(loops) > n_sp:
                 sch.decompose_reduction(b, loops[n_sp])
         if config["parallel"] == "outer":

@@ -1,5 +1,5 @@
-"""Helpers shared by the CUDA builds of the sketches (``cuda_pointwise``, ``cuda_reduction``,
-``cuda_contraction``): thread mappings of a loop, cooperative copies, per-thread scopes.
+"""Helpers shared by the CUDA sketches (pointwise, reduction, contraction): thread mappings of a loop,
+cooperative copies, per-thread scopes.
 
 Every helper is written with the schedule primitives; none emits code."""
 
@@ -12,24 +12,23 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, BufferStore, For, walk_stmts
 
 
-def thread_split(
-    sch: Schedule, loop: For, threads: int, vector: int, unroll: bool = True
-) -> tuple[For, For, For]:
-    """Map ``loop`` onto ``threads`` threads of threadIdx.x, ``vector`` consecutive elements each per
-    step: index = (step * threads + tx) * vector + lane. Returns (tx loop, step loop, lane loop); the
-    step loop is outermost-but-one (tx, step, lane), so consecutive threads touch consecutive vectors."""
-    step_v, lane = sch.split(loop, [None, vector])
-    step, tx = sch.split(step_v, [None, threads])
-    sch.reorder(tx, step)
+def block_threads(cap: int, extent: int) -> int:
+    """Threads per block for a loop of ``extent`` elements: ``cap``, but no more than the next power of
+    two of the extent, and at least one warp."""
+    return min(cap, max(32, 1 << (extent - 1).bit_length()))
+
+
+def thread_per_element(sch: Schedule, spatial: list[For], cap: int, what: str) -> For:
+    """One output element per thread: fuse the ``spatial`` loops and split them over a grid of blocks of
+    at most ``cap`` threads (blockIdx.x, threadIdx.x). Returns the threadIdx.x loop. With no loop to
+    spread, raises ScheduleError "<what> has no CUDA schedule"."""
+    if not spatial:
+        raise ScheduleError(f"{what} has no CUDA schedule")
+    f = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    bx, tx = sch.split(f, [None, block_threads(cap, f.extent)])
+    sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-    if vector > 1:
-        try:
-            sch.vectorize(lane)
-        except ScheduleError:  # a reduction lane or a loop that is not innermost: unroll instead
-            sch.unroll(lane)
-    if unroll and step.extent <= 32 and step.extent > 1:
-        sch.unroll(step)
-    return tx, step, lane
+    return tx
 
 
 def cooperative(sch: Schedule, block: Block, at: For, threads_y: int, threads_x: int, vector: int) -> None:

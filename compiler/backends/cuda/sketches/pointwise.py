@@ -1,4 +1,4 @@
-"""The CUDA build of the pointwise sketch: elementwise / broadcast / injective chains and pooling windows.
+"""The CUDA pointwise sketch: elementwise / broadcast / injective chains and pooling windows.
 
 Knobs ``threads`` (T, per block), ``elems`` (E, per thread), ``vector`` (V). The output's axes are fused
 into one index ``f``, and each thread handles E elements as E/V vectors of V consecutive elements, the
@@ -17,35 +17,54 @@ thread. A tail (``f`` past the end) is a guard; the codegen keeps the vector pat
 
 from __future__ import annotations
 
-from compiler.backends.cuda.sketches.common import localize
-from compiler.backends.sketch import Config, output_blocks, prepare
+from compiler.backends import group_analysis as G
+from compiler.backends.cuda.sketches.common import block_threads, localize
+from compiler.backends.sketch import Config, Knob, Sketch, output_blocks, place_windows, prepare
+from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
+from compiler.loopir import lower_func
 from compiler.loopir.schedule import Schedule
-from compiler.loopir.stmt import Block
+from compiler.loopir.stmt import Block, PrimFunc
 from compiler.target import Target
+from compiler.te import TEProgram, compute, lower, placeholder
 
 
-def build_pointwise_cuda(sketch, group: Group, config: Config, target: Target) -> Schedule:
-    """Schedule a pointwise group for the GPU with ``config`` (already checked)."""
-    sch, _ = prepare(group)
-    for out in output_blocks(sch):
-        schedule_elementwise(sch, out, config["threads"], config["elems"], config["vector"])
-    localize(sch)
-    return sch
+class CudaPointwiseSketch(Sketch):
+    """Pointwise groups on the GPU: the output's elements spread over a grid of thread blocks."""
+
+    name = "pointwise"
+    version = 1
+    kinds = ("pointwise",)
+
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        return [
+            Knob("threads", (64, 128, 256, 512, 1024), "threads per block"),
+            Knob("elems", (1, 2, 4, 8), "elements per thread"),
+            Knob("vector", (1, 2, 4), "vector width of loads and stores (float2/float4)"),
+        ]
+
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        if config["elems"] % config["vector"]:
+            raise ScheduleError("pointwise: elems must be a multiple of vector")
+
+    def default(self, group: Group, target: Target) -> Config:
+        shape = G.out_shape(group)
+        return {"threads": 256, "elems": 4, "vector": 4 if shape[-1:] and shape[-1] % 4 == 0 else 1}
+
+    def build(self, group: Group, config: Config, target: Target) -> Schedule:
+        self.check(group, config, target)
+        sch, _ = prepare(group)
+        for out in output_blocks(sch):
+            schedule_elementwise(sch, out, config["threads"], config["elems"], config["vector"])
+        localize(sch)
+        return sch
 
 
 def schedule_elementwise(sch: Schedule, out: Block, threads: int, elems: int, vector: int) -> None:
     """Bind the spatial loops of ``out`` to a grid of ``threads``-thread blocks, ``elems`` elements per
     thread in vectors of ``vector``; reductions feeding ``out`` (pooling windows) run inside each thread."""
-    loops = sch.get_loops(out)
-    n_sp = sum(1 for iv in out.iter_vars if iv.kind == "S")
-    spatial = loops[:n_sp]
-    for b in sch.blocks():
-        if b is not out and b.is_reduction and spatial and _feeds(b, out):
-            sch.compute_at(b, spatial[-1])
-    if out.is_reduction and out.init is not None and len(loops) > n_sp:
-        sch.decompose_reduction(out, loops[n_sp])
+    spatial = place_windows(sch, out)
     if not spatial:  # a scalar output: one thread
         return
     f = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
@@ -54,7 +73,7 @@ def schedule_elementwise(sch: Schedule, out: Block, threads: int, elems: int, ve
     chunks = max(1, elems // v)
     outer, lane = sch.split(f, [None, v])
     total = outer.extent
-    threads = min(threads, max(32, 1 << (total - 1).bit_length()))
+    threads = block_threads(threads, total)
     chunks = max(1, min(chunks, -(-total // threads)))
     bx, step, tx = sch.split(outer, [None, chunks, threads])
     sch.reorder(bx, tx, step)
@@ -66,15 +85,8 @@ def schedule_elementwise(sch: Schedule, out: Block, threads: int, elems: int, ve
         sch.vectorize(lane)
 
 
-def _feeds(producer: Block, consumer: Block) -> bool:
-    return any(w in A.reads(consumer) for w in A.writes(producer))
-
-
-def copy_func(shape: tuple[int, ...], dtype: str, name: str):
+def copy_func(shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
     """A lowered GPU kernel copying a tensor (graph outputs that are an input or a param)."""
-    from compiler.loopir import lower_func
-    from compiler.te import TEProgram, compute, lower, placeholder
-
     x = placeholder(shape, dtype, "src")
     y = compute(shape, lambda *i: x[i] if i else x[()], "dst")
     sch = Schedule(lower(TEProgram(name, [x], [y], [y])))

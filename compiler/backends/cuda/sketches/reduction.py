@@ -1,4 +1,4 @@
-"""The CUDA build of the reduction sketch: one kernel per group, one thread block per ``rows_per_block``
+"""The CUDA reduction sketch: one kernel per group, one thread block per ``rows_per_block``
 rows (softmax, layer_norm, rms_norm, row sums and means ...), the design's "softmax on the GPU" example.
 
 Row form (reduced axes trailing), knobs ``threads_per_row`` (T), ``rows_per_block`` (R), ``vector`` (V),
@@ -23,72 +23,115 @@ from __future__ import annotations
 
 import math
 
-from compiler.backends.cuda.sketches.common import is_param, localize, share_cache
-from compiler.backends.sketch import Config
+from compiler.backends import group_analysis as G
+from compiler.backends.cuda.sketches.common import (
+    is_param,
+    localize,
+    share_cache,
+    thread_per_element,
+)
+from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
-from compiler.loopir.expr import free_vars
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
-from compiler.te import lower as te_lower
-from compiler.te_ops import graph_to_te
 
 MAX_ROW_REGISTERS = 64  # floats of the row one thread may keep in registers
-SIMPLE_THREADS = 128
+NO_ROWS = "reduction (cuda): a reduction of every axis (no rows)"
 
 
-def build_reduction_cuda(sketch, group: Group, config: Config, target: Target) -> Schedule:
-    """Schedule ``group`` (a reduction group) for the GPU with ``config`` (already checked)."""
-    from compiler.backends.cpu.sketches.reduction import _reduce_info, row_form, row_length
+class CudaReductionSketch(Sketch):
+    """Reduction groups on the GPU: ``rows_per_block`` rows per thread block, a row's reductions spread
+    over ``threads_per_row`` threads and all-reduced."""
 
-    sch = Schedule(te_lower(graph_to_te(group.subgraph, group.name)))
-    outs = {id(b) for b in sch.func.outputs}
-    for b in list(sch.blocks()):
-        if b.is_reduction or any(id(w) in outs for w in A.writes(b)):
-            continue
-        sch.compute_inline(b)
-    out_blocks = [b for b in sch.blocks() if any(id(w) in outs for w in A.writes(b))]
-    main = out_blocks[-1]
-    for b in out_blocks[:-1]:
-        if not _reaches(sch, b, main):
-            raise ScheduleError(
-                f"reduction (cuda): output {A.writes(b)[0].name} does not feed the last output"
-            )
-    shape, axes = _reduce_info(group)
-    loops = sch.get_loops(main)
-    n_sp = sum(1 for iv in main.iter_vars if iv.kind == "S")
-    spatial = loops[:n_sp]
-    if not row_form(group):
-        return _per_element(sch, main, spatial, config)
-    n_row = len(shape) - len(axes)
-    full = A.writes(main)[0].shape == tuple(shape) and len(spatial) == len(shape) and not main.is_reduction
-    row_loops = spatial[:n_row] if full else spatial
-    col_loops = spatial[n_row:] if full else []
-    if not row_loops:
-        raise ScheduleError("reduction (cuda): a reduction of every axis (no rows) has no CUDA schedule")
-    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    name = "reduction"
+    version = 1
+    kinds = ("reduction",)
+
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        return [
+            Knob("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads cooperating on one row"),
+            Knob("rows_per_block", (1, 2, 4, 8), "rows handled by one thread block"),
+            Knob("vector", (1, 2, 4), "vector width of row loads (float2/float4)"),
+            Knob("keep_row", ("registers", "reread"), "keep the row in registers or re-read it"),
+            Knob("unroll", (1, 4, 8), "unroll of the per-thread loop"),
+        ]
+
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        if config["threads_per_row"] * config["rows_per_block"] > target.max_threads_per_block:
+            raise ScheduleError("reduction: threads_per_row * rows_per_block exceeds the block size limit")
+        n = G.row_length(group)
+        if n % config["vector"]:
+            raise ScheduleError(f"reduction: vector {config['vector']} does not divide the row {n}")
+
+    def default(self, group: Group, target: Target) -> Config:
+        n = G.row_length(group)
+        return {
+            "threads_per_row": 32 if n <= 256 else 128 if n <= 2048 else 256,
+            "rows_per_block": 1,
+            "vector": 4 if n % 4 == 0 else 1,
+            "keep_row": "registers",
+            "unroll": 1,
+        }
+
+    def build(self, group: Group, config: Config, target: Target) -> Schedule:
+        self.check(group, config, target)
+        sch, _ = prepare(group)
+        outs = output_blocks(sch)
+        main = outs[-1]
+        for b in outs[:-1]:
+            if not G.reaches(sch, b, main):
+                raise ScheduleError(
+                    f"reduction (cuda): output {A.writes(b)[0].name} does not feed the last output"
+                )
+        shape, axes = G.reduce_info(group)
+        spatial = sch.get_loops(main)[: G.n_spatial(main)]
+        if not G.row_form(group):
+            return _per_element(sch, main, spatial, config)
+        n_row = len(shape) - len(axes)
+        full = (
+            A.writes(main)[0].shape == tuple(shape) and len(spatial) == len(shape) and not main.is_reduction
+        )
+        row = fuse_loops(sch, spatial[:n_row] if full else spatial)
+        if row is None:
+            raise ScheduleError(f"{NO_ROWS} has no CUDA schedule")
+        for b in reversed([b for b in sch.blocks() if b is not main]):
+            if G.reaches(sch, b, main):
+                sch.compute_at(b, row)
+        col = fuse_loops(sch, spatial[n_row:] if full else [])
+        t, rpb, v, u = config["threads_per_row"], config["rows_per_block"], config["vector"], config["unroll"]
+        steps = -(-G.row_length(group) // (t * v))
+        registers = config["keep_row"] == "registers" and steps * v <= MAX_ROW_REGISTERS and steps <= 32
+        rb, ry = sch.split(row, [None, rpb])
+        sch.bind(rb, "blockIdx.x")
+        if rpb > 1:
+            sch.bind(ry, "threadIdx.y")
+        if registers:
+            _keep_row(sch, ry, tuple(shape), t, v)
+        for b in [b for b in sch.blocks() if b.is_reduction]:
+            _cross_thread(sch, b, ry, t, v, u, registers)
+        if col is not None:
+            _, step, lane = _map_cols(sch, col, t, v)
+            if v > 1:
+                sch.vectorize(lane)
+            _steps(sch, step, u, registers)
+        localize(sch)
+        return sch
+
+
+def _per_element(sch: Schedule, main: Block, spatial: list[For], config: Config) -> Schedule:
+    """One output element per thread; the reductions run serially inside (non-trailing axes)."""
+    cap = max(32, min(1024, config["threads_per_row"] * config["rows_per_block"]))
+    tx = thread_per_element(sch, spatial, cap, NO_ROWS)
     for b in reversed([b for b in sch.blocks() if b is not main]):
-        if _reaches(sch, b, main):
-            sch.compute_at(b, row)
-    col = (sch.fuse(*col_loops) if len(col_loops) > 1 else col_loops[0]) if col_loops else None
-    t, rpb, v, u = config["threads_per_row"], config["rows_per_block"], config["vector"], config["unroll"]
-    steps = -(-row_length(group) // (t * v))
-    registers = config["keep_row"] == "registers" and steps * v <= MAX_ROW_REGISTERS and steps <= 32
-    rb, ry = sch.split(row, [None, rpb])
-    sch.bind(rb, "blockIdx.x")
-    if rpb > 1:
-        sch.bind(ry, "threadIdx.y")
-    if registers:
-        _keep_row(sch, ry, tuple(shape), t, v)
-    for b in [b for b in sch.blocks() if b.is_reduction]:
-        _cross_thread(sch, b, ry, t, v, u, registers)
-    if col is not None:
-        _, step, lane = _map_cols(sch, col, t, v)
-        if v > 1:
-            sch.vectorize(lane)
-        _steps(sch, step, u, registers)
+        if G.reaches(sch, b, main):
+            sch.compute_at(b, tx)
+    if main.is_reduction and main.init is not None:
+        rl = [lp for lp in sch.get_loops(main) if G.drives_reduce(main, lp)]
+        if rl:
+            sch.decompose_reduction(main, rl[0])
     localize(sch)
     return sch
 
@@ -116,12 +159,12 @@ def _map_cols(sch: Schedule, loop: For, t: int, v: int) -> tuple[For, For, For]:
 
 
 def _drives_any_reduce(sch: Schedule, loop: For) -> bool:
-    return any(_drives(b, loop) for b in A.blocks_under(loop))
+    return any(G.drives_reduce(b, loop) for b in A.blocks_under(loop))
 
 
 def _cross_thread(sch: Schedule, b: Block, row: For, t: int, v: int, u: int, registers: bool) -> None:
     """rfactor the row reduction of ``b`` over T threads, then all-reduce the partial results."""
-    rloops = [lp for lp in sch.get_loops(b) if _drives(b, lp)]
+    rloops = [lp for lp in sch.get_loops(b) if G.drives_reduce(b, lp)]
     k = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
     tx, step, lane = _map_cols(sch, k, t, v)
     rf = sch.rfactor(tx)
@@ -133,16 +176,12 @@ def _cross_thread(sch: Schedule, b: Block, row: For, t: int, v: int, u: int, reg
         sch.compute_at(wb, row)
     else:
         sch.reverse_compute_at(wb, row)
-    wb_loop = next(lp for lp in sch.get_loops(wb) if _drives(wb, lp))
+    wb_loop = next(lp for lp in sch.get_loops(wb) if G.drives_reduce(wb, lp))
     sch.bind(wb_loop, "threadIdx.x", allow_reduce=True)
     step_loop = next(lp for lp in sch.get_loops(rf) if lp.var is step.var)
     sch.decompose_reduction(rf, step_loop)
     _steps(sch, step_loop, u, registers)
     sch.set_scope(A.writes(rf)[0], "local")
-
-
-def _drives(b: Block, lp: For) -> bool:
-    return any(iv.kind == "R" and lp.var in free_vars(e) for iv, e in zip(b.iter_vars, b.bindings))
 
 
 def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int) -> None:
@@ -185,38 +224,3 @@ def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int) -
         return [*idx[: len(lead)], (flat // v) % t, flat // (t * v), flat % v]
 
     sch.transform_layout(cache, index_map, [*lead, t, steps, v])
-
-
-def _per_element(sch: Schedule, main: Block, spatial: list[For], config: Config) -> Schedule:
-    """One output element per thread; the reductions run serially inside (non-trailing axes)."""
-    threads = max(32, min(1024, config["threads_per_row"] * config["rows_per_block"]))
-    if not spatial:
-        raise ScheduleError("reduction (cuda): a reduction of every axis (no rows) has no CUDA schedule")
-    f = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    threads = min(threads, max(32, 1 << (f.extent - 1).bit_length()))
-    bx, tx = sch.split(f, [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    for b in reversed([b for b in sch.blocks() if b is not main]):
-        if _reaches(sch, b, main):
-            sch.compute_at(b, tx)
-    if main.is_reduction and main.init is not None:
-        loops = sch.get_loops(main)
-        rl = [lp for lp in loops if _drives(main, lp)]
-        if rl:
-            sch.decompose_reduction(main, rl[0])
-    localize(sch)
-    return sch
-
-
-def _reaches(sch: Schedule, src: Block, dst: Block) -> bool:
-    """Whether ``dst`` reads, directly or through other blocks, what ``src`` writes."""
-    frontier = {w.uid for w in A.writes(src)}
-    for b in sch.blocks():  # program order is a topological order
-        if b is src:
-            continue
-        if any(r.uid in frontier for r in A.reads(b)):
-            if b is dst:
-                return True
-            frontier.update(w.uid for w in A.writes(b))
-    return False

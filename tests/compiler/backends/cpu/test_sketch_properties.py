@@ -10,7 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.backends.registry import sketch_for
+from compiler.backends import sketch_for
+from compiler.builder import GraphBuilder
+from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
 from compiler.graph import Graph
 from compiler.layouts import apply_input_layouts
@@ -147,8 +149,6 @@ def test_conv2d(c, o, hw, k, s, pad, dil, groups, data):
 @given(m=st.integers(1, 16), k=st.integers(1, 9), data=st.data())
 def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
     """Both operands are one buffer (x @ x^T): told apart by their side of the product, never packed."""
-    from compiler.builder import GraphBuilder
-
     b = GraphBuilder("gram")
     x = b.input("x", (m, k))
     check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
@@ -156,10 +156,8 @@ def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
 
 @pytest.mark.parametrize("kind", ["pointwise", "reduction", "contraction"])
 def test_defaults_pass_their_own_check(kind):
-    from compiler.frontend.models import MODELS
-
     for spec in MODELS.values():
         for group in fuse(optimize(spec.graph())).groups:
             if group.kind == kind:
-                sk = sketch_for(group)
+                sk = sketch_for(group, CPU)
                 sk.check(group, sk.default(group, CPU), CPU)

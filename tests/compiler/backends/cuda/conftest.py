@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda, kernel_names
 from compiler.backends.cuda.nvrtc import KernelResources, error_message, nvcc_available, parse_ptxas
-from compiler.backends.registry import sketch_for
 from compiler.build import kernel_for
 from compiler.errors import ScheduleError
 from compiler.frontend.models import MODELS
@@ -48,7 +48,7 @@ class ZooBuild:
 
 
 def legal_samples(group, n: int) -> list[dict]:
-    sketch = sketch_for(group)
+    sketch = sketch_for(group, CUDA)
     space = sketch.space(group, CUDA)
     rng = random.Random(group.workload_key)
     default = sketch.default(group, CUDA)
@@ -108,7 +108,7 @@ def zoo_nvcc() -> ZooBuild:
         for group in fuse(optimize(spec.graph())).groups:
             if group.is_view:
                 continue
-            sketch = sketch_for(group)
+            sketch = sketch_for(group, CUDA)
             default = sketch.default(group, CUDA)
             for k, config in enumerate([default, *legal_samples(group, SAMPLES)]):
                 key = (group.workload_key, repr(sorted(config.items())))

@@ -4,7 +4,7 @@ the schedule primitives and checked in the SIMT interpreter."""
 
 from __future__ import annotations
 
-from compiler.backends.registry import sketch_for
+from compiler.backends import sketch_for
 from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
 from compiler.passes import optimize
@@ -13,7 +13,7 @@ from tests.compiler.backends.cuda.util import CUDA, check_group
 
 def test_softmax_64x128_default_schedule():
     (group,) = fuse(optimize(MODELS["softmax"].graph())).groups
-    sketch = sketch_for(group)
+    sketch = sketch_for(group, CUDA)
     config = sketch.default(group, CUDA)
     assert sketch.name == "reduction" and config["rows_per_block"] == 1
     trace = sketch.build(group, config, CUDA).show_trace()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.backends.registry import sketch_for
+from compiler.backends import sketch_for
 from compiler.fusion import Group
 from compiler.loopir import evaluate, lower_func
 from compiler.loopir.stmt import PrimFunc
@@ -16,7 +16,7 @@ CUDA = Target.cuda()
 
 
 def lowered(group: Group, config: dict | None = None) -> PrimFunc:
-    sketch = sketch_for(group)
+    sketch = sketch_for(group, CUDA)
     config = config if config is not None else sketch.default(group, CUDA)
     return lower_func(sketch.build(group, config, CUDA).func)
 
