@@ -1,8 +1,8 @@
 """Fixed-length features of a scheduled, lowered loop IR (one vector per candidate).
 
 A candidate (group, config, target) is scheduled by its sketch and lowered *without* explicit unrolling
-(``lower_func(..., unroll=False)``: unrolled loops stay loops with their annotation, which is both what the
-features want and 3-5x faster than full lowering). :func:`extract` turns the function into
+(the backend's ``lower(..., unroll=False)``: unrolled loops stay loops with their annotation, which is both
+what the features want and 3-5x faster than full lowering). :func:`extract` turns the function into
 ``N_FEATURES`` float32 values, named by :data:`FEATURE_NAMES`:
 
 - ``wl_*`` (12) workload summary: log flops and bytes, intensity, kind one-hot, op and input counts, the
@@ -36,11 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from compiler.backends import get_sketch, sketch_for
+from compiler.backends import get_backend, get_sketch, sketch_for
 from compiler.backends.sketch import Config
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group
-from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.target import Target
 from cost_model.loops import collect_stores
@@ -264,7 +263,7 @@ def _gpu_row(func: PrimFunc, m: Machine, local: int, shared: int) -> list[float]
 def lower_candidate(group: Group, config: Config, target: Target, sketch_name: str | None = None) -> PrimFunc:
     """Schedule ``group`` with ``config`` (the sketch checks it) and lower it for feature extraction."""
     sketch = get_sketch(sketch_name, target) if sketch_name else sketch_for(group, target)
-    return lower_func(sketch.build(group, config, target).func, unroll=False)
+    return get_backend(target).lower(sketch.build(group, config, target).func, unroll=False)
 
 
 class FeatureExtractor:

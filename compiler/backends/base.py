@@ -34,8 +34,9 @@ class Backend(ABC):
     - ``sketches()`` lists the backend's sketches in the order :meth:`sketch_for` tries them; names are
       unique within the backend. A group kind no sketch applies to cannot be compiled for the target
       (``sketch_for`` raises a KilnError naming the group; the CUDA backend has no sketch for opaque groups).
-    - ``lower(func)`` turns a scheduled, block-structured ``PrimFunc`` into the block-free target loop IR
-      that ``codegen`` prints and the interpreters run; ``func`` is left untouched.
+    - ``lower(func, unroll=True)`` turns a scheduled, block-structured ``PrimFunc`` into the block-free
+      target loop IR that ``codegen`` prints and the interpreters run; ``func`` is left untouched.
+      ``unroll=False`` keeps "unrolled" loops as loops (the form the cost model's features are read from).
     - ``codegen(funcs, target, launches)`` returns one translation unit of source text for lowered
       ``funcs``; with ``launches`` it also contains the whole-model entry point the compiled model calls.
     - ``copy_kernel(shape, dtype, name)`` returns a lowered kernel that copies a tensor (for graph outputs
@@ -50,7 +51,7 @@ class Backend(ABC):
     def sketches(self) -> Sequence[Sketch]: ...
 
     @abstractmethod
-    def lower(self, func: PrimFunc) -> PrimFunc: ...
+    def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc: ...
 
     @abstractmethod
     def codegen(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.errors import CompileError
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import (
     Binary,
@@ -47,6 +48,8 @@ from compiler.loopir.stmt import (
 )
 from compiler.loopir.visitor import StmtMutator, substitute_stmt, with_body
 
+# ``PrimFunc.attrs`` key a backend sets once it has rewritten a function's GPU thread axes for lowering
+THREAD_LOOPS_PREPARED = "thread_loops_prepared"
 UNROLL_MAX_EXTENT = 32
 # a loop annotation: unroll this reduction loop into a balanced tree of its terms (see _tree_reduction)
 REDUCE_TREE = "reduce_tree"
@@ -63,17 +66,20 @@ class _Compact:
 
 
 def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
-    """A new, block-free function equivalent to ``func`` (which is left untouched)."""
+    """A new, block-free function equivalent to ``func`` (which is left untouched). Target-independent:
+    a function with loops bound to GPU thread axes must first be prepared by its backend (the CUDA
+    backend's ``lower`` runs ``prepare``, this function and ``finish``); otherwise a CompileError is raised.
+    ``unroll=False`` keeps "unrolled" loops as loops (what the cost model's features read)."""
     root = func.body
     if not isinstance(root, Block):
         return func
-    gpu = any(isinstance(s, For) and s.kind == "thread" for s in walk_stmts(root))
-    if gpu:  # thread axes, cross-thread reductions (compiler.backends.cuda.lower)
-        from compiler.backends.cuda import lower as lower_cuda
-
-        func = lower_cuda.prepare(func)
-        root = func.body
-        assert isinstance(root, Block)
+    if THREAD_LOOPS_PREPARED not in func.attrs and any(
+        isinstance(s, For) and s.kind == "thread" for s in walk_stmts(root)
+    ):
+        raise CompileError(
+            f"function {func.name} has loops bound to GPU thread axes: lower it with its backend "
+            "(get_backend(target).lower(func)), which rewrites thread axes and cross-thread reductions first"
+        )
     plans = {id(b): _plan(root, b) for b in root.alloc_buffers}
     by_site: dict[int, list[_Compact]] = {}
     for p in plans.values():
@@ -84,8 +90,7 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     body = _HoistIfs().visit_stmt(_clean(body))
     if unroll:
         body = _Unroll().visit_stmt(body)
-    out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
-    return lower_cuda.finish(out) if gpu else out
+    return PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
 
 
 def _plan(root: Block, buf: Buffer) -> _Compact:

@@ -34,8 +34,8 @@ class CpuBackend(Backend):
     def sketches(self) -> Sequence[Sketch]:
         return self._sketches
 
-    def lower(self, func: PrimFunc) -> PrimFunc:
-        return lower_func(func)
+    def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
+        return lower_func(func, unroll)
 
     def codegen(
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None

@@ -8,11 +8,11 @@ from typing import Any
 from compiler.backends.base import Backend
 from compiler.backends.cuda.codegen import generate_cuda
 from compiler.backends.cuda.executor import CudaCompiledModel
+from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.backends.cuda.sketches.contraction import CudaContractionSketch
 from compiler.backends.cuda.sketches.pointwise import CudaPointwiseSketch, copy_func
 from compiler.backends.cuda.sketches.reduction import CudaReductionSketch
 from compiler.backends.sketch import Sketch
-from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.target import Target
 
@@ -26,8 +26,8 @@ class CudaBackend(Backend):
     def sketches(self) -> Sequence[Sketch]:
         return self._sketches
 
-    def lower(self, func: PrimFunc) -> PrimFunc:
-        return lower_func(func)
+    def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
+        return lower_gpu_func(func, unroll)
 
     def codegen(
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None

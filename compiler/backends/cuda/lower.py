@@ -1,7 +1,8 @@
 """CUDA-specific lowering: thread axes, cross-thread reductions, store guards, barriers, launch shape.
 
-``lower_func`` calls :func:`prepare` on the block-structured function when it has loops bound to GPU
-thread axes, and :func:`finish` on the plain result.
+:func:`lower_gpu_func` (the CUDA backend's ``lower``) runs :func:`prepare` on the block-structured
+function when it has loops bound to GPU thread axes, then the target-independent
+``compiler.loopir.lower_func``, then :func:`finish` on the plain result.
 
 Conventions of a GPU-scheduled function (what the CUDA codegen and the SIMT interpreter rely on):
 
@@ -62,6 +63,7 @@ from compiler.loopir.expr import (
     select,
     substitute,
 )
+from compiler.loopir.lower import THREAD_LOOPS_PREPARED, lower_func
 from compiler.loopir.stmt import (
     Allocate,
     Barrier,
@@ -81,6 +83,7 @@ from compiler.loopir.visitor import StmtExprVisitor, StmtMutator, StmtVisitor
 
 __all__ = [
     "finish",
+    "lower_gpu_func",
     "is_thread_axis",
     "kernel_parts",
     "launch_info",
@@ -104,11 +107,25 @@ def _nests(root: Block) -> list[Stmt]:
     return list(root.body.stmts) if isinstance(root.body, SeqStmt) else [root.body]
 
 
+def lower_gpu_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
+    """A new, block-free CUDA function equivalent to the scheduled ``func`` (left untouched): thread axes
+    unified and cross-thread reductions rewritten (:func:`prepare`), the shared lowering
+    (``compiler.loopir.lower_func``; ``unroll=False`` keeps unrolled loops as loops), then store guards,
+    double buffering, barriers and the launch shape (:func:`finish`). A function without thread-bound
+    loops is lowered as on any target."""
+    if not isinstance(func.body, Block):
+        return func
+    if not any(isinstance(s, For) and s.kind == "thread" for s in walk_stmts(func.body)):
+        return lower_func(func, unroll)
+    return finish(lower_func(prepare(func), unroll))
+
+
 # ======================================================================= prepare
 def prepare(func: PrimFunc) -> PrimFunc:
     """A copy of the block-level ``func`` with unified thread variables and cross-thread reductions
-    rewritten into warp/block all-reduce code."""
+    rewritten into warp/block all-reduce code (marked as prepared for ``lower_func``)."""
     func = copy.deepcopy(func)
+    func.attrs[THREAD_LOOPS_PREPARED] = True
     root = func.body
     assert isinstance(root, Block)
     for nest in _nests(root):
@@ -316,7 +333,8 @@ def finish(func: PrimFunc) -> PrimFunc:
         part = insert_barriers(part, dims)
         parts.append(part)
     body = seq(*parts) if len(parts) > 1 else parts[0]
-    out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+    attrs = {k: v for k, v in func.attrs.items() if k != THREAD_LOOPS_PREPARED}
+    out = PrimFunc(func.name, func.params, body, func.num_inputs, attrs)
     launches = [launch_info(p) for p in parts]
     out.attrs["launches"] = launches
     out.attrs["launch"] = launches[0]

@@ -18,12 +18,12 @@ thread. A tail (``f`` past the end) is a guard; the codegen keeps the vector pat
 from __future__ import annotations
 
 from compiler.backends import group_analysis as G
+from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.backends.cuda.sketches.common import block_threads, localize
 from compiler.backends.sketch import Config, Knob, Sketch, output_blocks, place_windows, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
-from compiler.loopir import lower_func
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, PrimFunc
 from compiler.target import Target
@@ -92,4 +92,4 @@ def copy_func(shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
     sch = Schedule(lower(TEProgram(name, [x], [y], [y])))
     for out in output_blocks(sch):
         schedule_elementwise(sch, out, 256, 4, 4 if shape and shape[-1] % 4 == 0 else 1)
-    return lower_func(sch.func)
+    return lower_gpu_func(sch.func)

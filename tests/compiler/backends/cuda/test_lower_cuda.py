@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.backends.cuda.lower import stmt_exprs
+from compiler.backends.cuda.lower import lower_gpu_func, stmt_exprs
 from compiler.builder import GraphBuilder
 from compiler.errors import CompileError
 from compiler.fusion import fuse
-from compiler.loopir import evaluate, lower_func
+from compiler.loopir import evaluate
 from compiler.loopir.expr import Call, walk
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Allocate, Barrier, BufferStore, For, PrimFunc, walk_stmts
@@ -66,7 +66,7 @@ def test_registers_mode_keeps_the_row_per_thread():
 
 
 def test_thread_variables_are_unified():
-    func = lower_func(_schedule_rows().func)
+    func = lower_gpu_func(_schedule_rows().func)
     names = {s.var.name for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == "thread"}
     assert names == {"bx", "tx"}
 
@@ -102,18 +102,18 @@ def _schedule_rows(bind_reduce_directly: bool = False, mismatch: bool = False):
 
 def test_rows_schedule_by_hand_matches_reference():
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    (y,) = evaluate(lower_func(_schedule_rows().func), [x])
+    (y,) = evaluate(lower_gpu_func(_schedule_rows().func), [x])
     np.testing.assert_allclose(y, x.sum(-1), rtol=1e-5, atol=1e-5)
 
 
 def test_cross_thread_reduction_over_serial_and_thread_loops_is_rejected():
     with pytest.raises(CompileError, match="rfactor the thread-bound loop first"):
-        lower_func(_schedule_rows(bind_reduce_directly=True).func)
+        lower_gpu_func(_schedule_rows(bind_reduce_directly=True).func)
 
 
 def test_cross_thread_reduction_must_span_the_block():
     with pytest.raises(CompileError, match="runs over 32 threads but the block has 64"):
-        lower_func(_schedule_rows(mismatch=True).func)
+        lower_gpu_func(_schedule_rows(mismatch=True).func)
 
 
 def test_row_outputs_are_stored_by_one_thread():
@@ -146,7 +146,7 @@ def test_a_kernel_without_blockidx_runs_as_one_block():
     sch = Schedule(te_lower(graph_to_te(optimize(g.build([g.exp(x)])))))
     (i,) = sch.get_loops(sch.blocks()[0])
     sch.bind(i, "threadIdx.x")
-    func = lower_func(sch.func)
+    func = lower_gpu_func(sch.func)
     assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [40, 1, 1], "shared_bytes": 0}
     x_np = np.linspace(-1, 1, 40, dtype=np.float32)
     np.testing.assert_allclose(evaluate(func, [x_np])[0], np.exp(x_np), rtol=1e-6)

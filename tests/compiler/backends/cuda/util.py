@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.backends import sketch_for
+from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.fusion import Group
-from compiler.loopir import evaluate, lower_func
+from compiler.loopir import evaluate
 from compiler.loopir.stmt import PrimFunc
 from compiler.reference import run_reference
 from compiler.target import Target
@@ -18,7 +19,7 @@ CUDA = Target.cuda()
 def lowered(group: Group, config: dict | None = None) -> PrimFunc:
     sketch = sketch_for(group, CUDA)
     config = config if config is not None else sketch.default(group, CUDA)
-    return lower_func(sketch.build(group, config, CUDA).func)
+    return lower_gpu_func(sketch.build(group, config, CUDA).func)
 
 
 def check_group(group: Group, config: dict | None = None, tol: float = 2e-5) -> PrimFunc:
