@@ -21,13 +21,12 @@ Group kinds: ``pointwise`` (including pooling windows), ``reduction``, ``contrac
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from compiler.builder import GraphBuilder
+from compiler.canonical import canonical_hash
 from compiler.errors import KilnError
 from compiler.graph import Graph, Node, Value
 from compiler.ops import PatternKind, get_op
@@ -171,8 +170,7 @@ class Group:
 
     @cached_property
     def workload_key(self) -> str:
-        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        return canonical_hash(self.canonical())
 
     @property
     def flops(self) -> float:
@@ -424,11 +422,6 @@ def _external_inputs(
     for v in outputs:
         walk(v)
     return inputs, constants
-
-
-def estimate_cost(group: Group) -> float:
-    """A crude roofline-style weight used only for ordering and display."""
-    return max(group.flops / 1e11, group.bytes / 3e10) * 1e6 + math.log1p(len(group.nodes))
 
 
 def group_from_workload(canonical: dict | str, index: int = 0) -> Group:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from compiler import dtypes
+from compiler.canonical import canonical_hash, canonical_json
 from compiler.errors import GraphError
 
 
@@ -178,9 +179,6 @@ class Graph:
         for node in self.nodes:
             yield from node.outputs
 
-    def param_arrays(self) -> dict[str, np.ndarray]:
-        return {p.name or f"param{i}": p.data for i, p in enumerate(self.params)}  # type: ignore[misc]
-
     def op_histogram(self) -> dict[str, int]:
         hist: dict[str, int] = {}
         for node in self.nodes:
@@ -317,10 +315,10 @@ class Graph:
             raise GraphError(f"malformed canonical graph JSON: {exc!r}") from None
 
     def canonical_json(self) -> str:
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.canonical())
 
     def structural_hash(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return canonical_hash(self.canonical())
 
     def params_hash(self) -> str:
         """sha256 over the param values (in canonical order), for telling trained weights apart."""
@@ -337,33 +335,3 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph({self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes)"
-
-
-def topological_sort(nodes: Iterable[Node], available: Iterable[Value]) -> list[Node]:
-    """Order nodes so each comes after the producers of its inputs; raise GraphError on a cycle."""
-    pending = list(nodes)
-    ready_values = set(available)
-    result: list[Node] = []
-    while pending:
-        progressed = False
-        rest = []
-        for node in pending:
-            if all(v in ready_values for v in node.inputs):
-                result.append(node)
-                ready_values.update(node.outputs)
-                progressed = True
-            else:
-                rest.append(node)
-        if not progressed:
-            names = ", ".join(n.describe() for n in rest[:5])
-            raise GraphError(f"cycle or undefined input among: {names}")
-        pending = rest
-    return result
-
-
-def __getattr__(name: str) -> Any:  # GraphBuilder lives in compiler.builder; re-exported lazily here
-    if name == "GraphBuilder":
-        from compiler.builder import GraphBuilder
-
-        return GraphBuilder
-    raise AttributeError(name)

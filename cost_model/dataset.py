@@ -42,22 +42,6 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.latencies)
 
-    def subset(self, rows: np.ndarray) -> Dataset:
-        return Dataset(
-            self.x[rows],
-            self.latencies[rows],
-            [self.workloads[i] for i in rows],
-            [self.record_ids[i] for i in rows],
-            self.kinds,
-        )
-
-    def by_workload(self) -> dict[str, np.ndarray]:
-        """Row indices of each workload, in first-appearance order."""
-        out: dict[str, list[int]] = {}
-        for i, w in enumerate(self.workloads):
-            out.setdefault(w, []).append(i)
-        return {w: np.asarray(rows) for w, rows in out.items()}
-
 
 def target_of(db: Any, target_key: str) -> Target:
     """The target a database's records were measured on (its stored description, else the key)."""

@@ -38,13 +38,13 @@ import numpy as np
 
 from compiler.backends import get_backend, get_sketch, sketch_for
 from compiler.backends.sketch import Config
+from compiler.canonical import canonical_json
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group
 from compiler.loopir.stmt import PrimFunc
 from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
-from tuner.space import config_json
 
 FEATURE_VERSION = 2
 TOP_STORES = 3
@@ -278,7 +278,7 @@ class FeatureExtractor:
 
     def key(self, group: Group, target: Target, config: Config, sketch_name: str | None = None) -> tuple:
         sketch = get_sketch(sketch_name, target) if sketch_name else sketch_for(group, target)
-        return (group.workload_key, sketch.name, sketch.version, target.key, config_json(config))
+        return (group.workload_key, sketch.name, sketch.version, target.key, canonical_json(config))
 
     def get(
         self, group: Group, target: Target, config: Config, sketch_name: str | None = None

@@ -9,8 +9,11 @@
 - ``models``: the ORM tables (``kiln_*``); ``migrate`` and ``migrations/``: alembic, version table
   ``kiln_alembic_version``
 - ``engine``: URL resolution (``--db``, ``KILN_DB``, ``sqlite:///kiln.db``) and engines; ``errors``
-- ``exchange``: JSON Lines export/import and merge; ``cli``: ``kiln query`` and ``kiln db``
+- ``exchange``: JSON Lines export/import and merge (``importer``: the import side)
+- ``canonical``: canonical JSON (from :mod:`compiler.canonical`), timestamps, record fingerprints
 - ``testing``: a throwaway PostgreSQL server for tests and benchmarks
 
-See docs/database.md. Importing this package (or ``db.cli``) does not import SQLAlchemy.
+The ``kiln query`` and ``kiln db`` commands live in ``tuner/commands/`` (query.py, db.py): db imports
+nothing from tuner or cost_model, only compiler (errors, canonical JSON). See docs/database.md. Importing
+this package does not import SQLAlchemy.
 """

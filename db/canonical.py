@@ -1,35 +1,25 @@
 """Canonical JSON, timestamps, medians and record fingerprints: the exact-equality rules of the database.
 
+``canonical_json`` is :func:`compiler.canonical.canonical_json` (one definition for every package),
+re-exported here beside the rules built on it.
+
 Everything here is pure and deterministic. JSON is parsed with ``json.loads`` only; nothing read from a
 database or a file is ever unpickled or evaluated.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from compiler.canonical import canonical_hash
+from compiler.canonical import canonical_json as canonical_json  # re-exported for the db modules
+
 # Serialization of timestamps in export files and fingerprints: UTC, always with microseconds.
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
-def canonical_json(value: Any) -> str:
-    """Return the canonical JSON text of ``value``: sorted keys, no spaces, ASCII only (other characters
-    escaped), no NaN/Infinity. The same value gives the same text on every backend.
-
-    Raises ``ValueError`` (or ``TypeError``) for values that are not plain JSON.
-    """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def canonicalize_json_text(text: str) -> str:
-    """Parse JSON text and return it in canonical form (so ``'{"b":1, "a":2}'`` == ``'{"a":2,"b":1}'``)."""
-    return canonical_json(json.loads(text))
 
 
 def utc_now() -> datetime:
@@ -134,4 +124,4 @@ def record_fingerprint(
         status,
         format_time(created_at),
     ]
-    return hashlib.sha256(canonical_json(identity).encode("utf-8")).hexdigest()
+    return canonical_hash(identity)

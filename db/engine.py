@@ -85,12 +85,6 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database)
 
 
-def is_memory_sqlite(url: str) -> bool:
-    """True for ``sqlite://`` and ``sqlite:///:memory:`` style URLs."""
-    parsed = parse_url(url)
-    return parsed.get_backend_name() == "sqlite" and sqlite_path(url) is None
-
-
 def is_readonly_sqlite(url: str) -> bool:
     """True for a SQLite URL opened with ``?mode=ro&uri=true``."""
     parsed = parse_url(url)

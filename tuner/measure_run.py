@@ -18,7 +18,6 @@ flush): that is how a kernel runs inside a model whose working set fits the cach
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -29,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from compiler.canonical import canonical_json
+from compiler.layouts import layout_from_json
 from db.status import Status
 from tuner.harness import MAX_ARGS, harness_library
 from tuner.measure import BuildResult, MeasureInput, Runner, RunResult
@@ -49,9 +50,7 @@ class TaskData:
 
     def relayout(self, pos: int, spec: dict[str, Any]) -> tuple[str, np.ndarray]:
         """Input ``pos`` in the layout ``spec`` a kernel asks for (pre-packed weights), computed once."""
-        from compiler.layouts import layout_from_json
-
-        key = json.dumps(spec, sort_keys=True)
+        key = canonical_json(spec)
         if (pos, key) not in self.relaid:
             self.relaid[(pos, key)] = layout_from_json(spec).apply(self.inputs[pos])
         return key, self.relaid[(pos, key)]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from compiler.backends.sketch import Config, Knob
+from compiler.canonical import canonical_json
 from compiler.errors import ScheduleError
 
 
@@ -35,24 +36,10 @@ def config_from_params(space: list[Knob], params: dict[str, Any]) -> Config:
 
 def config_json(config: Config) -> str:
     """Canonical JSON of a config: the identity of a candidate across processes and the database."""
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
-
-
-def config_from_json(text: str) -> Config:
-    data = json.loads(text)
-    if not isinstance(data, dict) or not all(isinstance(v, (int, float, str, bool)) for v in data.values()):
-        raise ScheduleError(f"a config must be a JSON object of scalars, got {text[:80]!r}")
-    return data
+    return canonical_json(config)
 
 
 def space_signature(space: list[Knob]) -> str:
     """A short hash of the knob space, so a study is never resumed against a different space."""
     text = json.dumps([[k.name, list(k.values)] for k in space], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def space_size(space: list[Knob]) -> int:
-    n = 1
-    for k in space:
-        n *= len(k.values)
-    return n

@@ -6,10 +6,10 @@ that no kernel produces (an input or param returned as is) gets a small copy ker
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from compiler.backends import get_backend
+from compiler.canonical import canonical_json
 from compiler.errors import KilnError
 from compiler.graph import Value
 from compiler.layouts import layout_from_json
@@ -48,7 +48,7 @@ def assemble(plan: Any) -> CompiledModel:
             raise KilnError(
                 f"a kernel asks for input {v.name} in layout {spec}, but it is not a model constant"
             )
-        key = (ids[v], json.dumps(spec, sort_keys=True))
+        key = (ids[v], canonical_json(spec))
         if key not in relaid_cache:
             data = layout_from_json(spec).apply(v.data)
             i = len(buffers)
