@@ -21,6 +21,7 @@ import numpy as np
 
 from compiler.backends import get_sketch
 from compiler.errors import KilnError
+from compiler.fusion import group_from_workload
 from compiler.target import Target
 from cost_model.features import FEATURE_VERSION, N_FEATURES, FeatureExtractor
 from db.status import Status
@@ -60,8 +61,6 @@ class GroupCache:
 
     def get(self, key: str) -> Any:
         if key not in self._groups:
-            from compiler.fusion import group_from_workload
-
             try:
                 self._groups[key] = group_from_workload(self.db.workload_canonical(key))
             except (KilnError, KeyError, TypeError, ValueError) as exc:

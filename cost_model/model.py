@@ -17,6 +17,8 @@ by name.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,9 +89,6 @@ class CostModel(ABC):
 
     def save(self, path: str | Path) -> Path:
         """Write the model to ``path`` (a ``.npz`` file: plain arrays and a JSON header; atomic)."""
-        import os
-        import tempfile
-
         path = Path(path)
         header = json.dumps(self.meta(), sort_keys=True).encode()
         arrays = {"meta": np.frombuffer(header, dtype=np.uint8), **self.arrays()}

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING
 
+from sqlalchemy import delete, func, insert, select, update
+
 from db.canonical import canonical_json, utc_now
 from db.core import DatabaseCore, host, kiln_version
 from db.errors import InvalidRecordError, UnknownKeyError
@@ -56,8 +58,6 @@ class AuxTablesMixin(DatabaseCore):
         self, model_name: str, model_hash: str, target_key: str, budget: dict, command_line: str
     ) -> int:
         """Record the start of a tuning run and return its id (pass it as ``RecordIn.run_id``)."""
-        from sqlalchemy import insert
-
         with self._write("begin a run") as conn:
             values = dict(
                 model_name=model_name,
@@ -74,8 +74,6 @@ class AuxTablesMixin(DatabaseCore):
 
     def finish_run(self, run_id: int) -> None:
         """Mark a tuning run finished now."""
-        from sqlalchemy import update
-
         with self._write("finish a run") as conn:
             done = conn.execute(update(RunRow).where(RunRow.id == run_id).values(finished_at=utc_now()))
             if not done.rowcount:
@@ -83,8 +81,6 @@ class AuxTablesMixin(DatabaseCore):
 
     def runs(self, model_name: str | None = None) -> list[RunInfo]:
         """Tuning runs, oldest first (optionally of one model)."""
-        from sqlalchemy import select
-
         stmt = select(*_RUN_COLUMNS).join(TargetRow, TargetRow.id == RunRow.target_id)
         if model_name is not None:
             stmt = stmt.where(RunRow.model_name == model_name)
@@ -99,8 +95,6 @@ class AuxTablesMixin(DatabaseCore):
 
         The workloads must have been committed. A key listed twice gets the sum of its weights.
         """
-        from sqlalchemy import delete, insert
-
         weights: dict[str, float] = {}
         for key, weight in tasks:
             weights[key] = weights.get(key, 0.0) + float(weight)
@@ -130,8 +124,6 @@ class AuxTablesMixin(DatabaseCore):
         Without ``model_hash``, the most recently registered version of the model is used. A model with no
         tasks gives an empty list.
         """
-        from sqlalchemy import select
-
         with self._read("read model tasks") as conn:
             if model_hash is None:
                 model_hash = self._latest_model_hash(conn, model_name)
@@ -147,8 +139,6 @@ class AuxTablesMixin(DatabaseCore):
 
     def models(self) -> list[tuple[str, str, int]]:
         """Registered models: ``(model_name, latest model_hash, number of tasks)`` sorted by name."""
-        from sqlalchemy import func, select
-
         with self._read("list models") as conn:
             names = conn.execute(select(ModelTaskRow.model_name).distinct().order_by(ModelTaskRow.model_name))
             out = []
@@ -162,8 +152,6 @@ class AuxTablesMixin(DatabaseCore):
 
     def commit_fusion_plan(self, region_key: str, target_key: str, plan: dict, latency_us: float) -> int:
         """Store a measured fusion plan of a graph region on a target; return its id."""
-
-        from sqlalchemy import insert
 
         if not math.isfinite(float(latency_us)) or latency_us < 0:
             raise InvalidRecordError(f"fusion plan of region {region_key!r}: bad latency {latency_us!r}")
@@ -187,8 +175,6 @@ class AuxTablesMixin(DatabaseCore):
 
     def best_fusion_plan(self, region_key: str, target_key: str) -> FusionPlanRecord | None:
         """The fusion plan of the region on the target with the lowest latency (ties: oldest, lowest id)."""
-        from sqlalchemy import select
-
         stmt = (
             select(
                 FusionPlanRow.region_key,
@@ -220,7 +206,6 @@ class AuxTablesMixin(DatabaseCore):
         The vector is stored as raw little-endian float32 bytes with its length; never pickled.
         """
         import numpy as np
-        from sqlalchemy import delete, insert, select
 
         arr = np.ascontiguousarray(np.asarray(vector, dtype="<f4").reshape(-1))
         with self._write("commit features") as conn:
@@ -245,7 +230,6 @@ class AuxTablesMixin(DatabaseCore):
         A stored vector whose byte size does not match its length raises :class:`InvalidRecordError`.
         """
         import numpy as np
-        from sqlalchemy import select
 
         stmt = select(FeatureRow.record_id, FeatureRow.length, FeatureRow.vector).where(
             FeatureRow.version == version

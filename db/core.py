@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterator
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Self
 
+from sqlalchemy import insert as generic_insert
+from sqlalchemy import select
+
 from db.canonical import check_latencies, config_problem
 from db.engine import WRITE_OPTION, display_url, translate_errors
 from db.errors import InvalidRecordError, InvalidRecordWarning, UnknownKeyError
@@ -61,8 +64,6 @@ def kiln_version() -> str:
 
 def records_select():  # type: ignore[no-untyped-def]
     """SELECT of RECORD_COLUMNS over records joined to their workload and target."""
-    from sqlalchemy import select
-
     return (
         select(*RECORD_COLUMNS)
         .join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
@@ -150,8 +151,6 @@ class DatabaseCore:
             yield conn
 
     def _id_of(self, conn: Connection, row_type: type, key: str, cache: dict[str, int], what: str) -> int:
-        from sqlalchemy import select
-
         found = cache.get(key)
         if found is None:
             found = conn.execute(select(row_type.id).where(row_type.key == key)).scalar()
@@ -178,7 +177,6 @@ class DatabaseCore:
                 from sqlalchemy.dialects.postgresql import insert
             stmt = insert(row_type).values(**values).on_conflict_do_nothing().returning(row_type.id)
             return conn.execute(stmt).first() is not None
-        from sqlalchemy import insert as generic_insert
         from sqlalchemy.exc import IntegrityError
 
         try:
@@ -189,8 +187,6 @@ class DatabaseCore:
         return True
 
     def _latest_model_hash(self, conn: Connection, model_name: str) -> str | None:
-        from sqlalchemy import select
-
         stmt = (
             select(ModelTaskRow.model_hash)
             .where(ModelTaskRow.model_name == model_name)

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from sqlalchemy import delete, func, insert, or_, select
+
 from db import migrate
 from db.aux_tables import AuxTablesMixin
 from db.canonical import (
@@ -104,8 +106,6 @@ class TuningDatabase(QueryMixin, AuxTablesMixin):
         ``canonical`` (a dict, or JSON text) is stored as canonical JSON. Committing an existing key with a
         different canonical group raises :class:`ConflictError` (a hash collision or a bug upstream).
         """
-        from sqlalchemy import select
-
         if not isinstance(key, str) or not key:
             raise InvalidRecordError(f"workload key must be a non-empty string, got {key!r}")
         try:
@@ -204,8 +204,6 @@ class TuningDatabase(QueryMixin, AuxTablesMixin):
 
     def commit_records(self, recs: Sequence[RecordIn]) -> list[int]:
         """Store a batch of measurements in one transaction; return their ids in order."""
-        from sqlalchemy import insert
-
         if not recs:
             return []
         table = RecordRow.__table__  # Core insert: building ORM statements costs more than the insert
@@ -257,8 +255,6 @@ class TuningDatabase(QueryMixin, AuxTablesMixin):
         With ``keep_errors`` (the default) records that are not ok stay: they tell the tuner which configs
         are known to fail, so it does not measure them again. Cached features of deleted records go too.
         """
-        from sqlalchemy import delete, func, or_, select
-
         if keep_top_k < 1:
             raise InvalidRecordError(
                 f"prune keeps at least 1 record per workload and target, not {keep_top_k}"

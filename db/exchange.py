@@ -45,6 +45,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from sqlalchemy import select
+
 from db.canonical import (
     canonical_json,
     format_time,
@@ -74,8 +76,6 @@ def iter_export(
 ) -> Iterator[dict[str, Any]]:
     """Yield the export items of ``db`` (header first). Filters restrict the records; then only the
     targets, workloads and runs those records name are exported, and no model tasks or fusion plans."""
-    from sqlalchemy import select
-
     from compiler import __version__
 
     filtered = workload_key is not None or target_key is not None or status is not None

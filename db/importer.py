@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from sqlalchemy import insert, select
+
 from db.canonical import (
     canonical_json,
     check_latencies,
@@ -129,8 +131,6 @@ class _Importer:
     # lookups ----------------------------------------------------------------------------------------
 
     def _lookup(self, row_type: type, key: str, cache: dict[str, int]) -> int | None:
-        from sqlalchemy import select
-
         if key not in cache:
             found = self.conn.execute(select(row_type.id).where(row_type.key == key)).scalar()
             if found is None:
@@ -171,8 +171,6 @@ class _Importer:
             )
 
     def _on_target(self, line: _Line) -> None:
-        from sqlalchemy import insert
-
         key = line.text("key")
         info = line.json_text("info")
         created = line.time("created_at")
@@ -182,8 +180,6 @@ class _Importer:
             self.counts["targets_added"] += 1
 
     def _on_workload(self, line: _Line) -> None:
-        from sqlalchemy import insert, select
-
         key = line.text("key")
         canonical = line.json_text("canonical", (dict, list))
         values = dict(
@@ -209,8 +205,6 @@ class _Importer:
             )
 
     def _on_run(self, line: _Line) -> None:
-        from sqlalchemy import insert, select
-
         source_id = line.get("id", int)
         target = line.text("target")
         values = dict(
@@ -242,8 +236,6 @@ class _Importer:
         self.runs[source_id] = local
 
     def _on_model_task(self, line: _Line) -> None:
-        from sqlalchemy import insert, select
-
         name = line.text("model_name")
         mhash = line.get("model_hash", str)
         wid = self.workload_id(line, line.text("workload"))
@@ -318,8 +310,6 @@ class _Importer:
             self.flush()
 
     def _on_fusion_plan(self, line: _Line) -> None:
-        from sqlalchemy import insert, select
-
         tid = self.target_id(line, line.text("target"))
         values = dict(
             region_key=line.text("region_key"),
@@ -339,8 +329,6 @@ class _Importer:
 
     def flush(self) -> None:
         """Insert the pending records that are not already stored."""
-        from sqlalchemy import insert, select
-
         if not self.pending:
             return
         fps = [fp for fp, _ in self.pending]

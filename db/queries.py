@@ -7,6 +7,9 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from sqlalchemy import bindparam, case, func, select
+from sqlalchemy.orm import aliased
+
 from db.core import BEST_ORDER, DatabaseCore, Validator, records_select, to_record
 from db.errors import AmbiguousKeyError, InvalidRecordError, UnknownKeyError
 from db.models import ModelTaskRow, RecordRow, TargetRow, WorkloadRow
@@ -21,8 +24,6 @@ if TYPE_CHECKING:
 def _best_statement():  # type: ignore[no-untyped-def]
     """Ok records of (:wk, :tk) in best order, :lim of them from :off (built once: reusing one statement
     object lets SQLAlchemy skip re-adapting its cached compilation, a large part of a sub-ms query)."""
-    from sqlalchemy import bindparam
-
     return (
         records_select()
         .where(WorkloadRow.key == bindparam("wk"), TargetRow.key == bindparam("tk"), RecordRow.status == "ok")
@@ -35,9 +36,6 @@ def _best_statement():  # type: ignore[no-untyped-def]
 @functools.cache
 def _best_many_statement():  # type: ignore[no-untyped-def]
     """The best ok record of each workload in :keys on target id :tid: one correlated index seek each."""
-    from sqlalchemy import bindparam, select
-    from sqlalchemy.orm import aliased
-
     inner = aliased(RecordRow)
     first = (
         select(inner.id)
@@ -86,8 +84,6 @@ class QueryMixin(DatabaseCore):
         Each workload's best record is found with an index seek; if ``validate`` rejects it, the next
         candidates of that workload are tried as in :meth:`best`.
         """
-        from sqlalchemy import select
-
         keys = sorted(set(workload_keys))
         out: dict[str, Record] = {}
         retry: list[str] = []
@@ -209,8 +205,6 @@ class QueryMixin(DatabaseCore):
 
     def count_records(self, status: Status | str | None = None) -> int:
         """Number of records (of one status, if given)."""
-        from sqlalchemy import func, select
-
         stmt = select(func.count()).select_from(RecordRow)
         if status is not None:
             stmt = stmt.where(RecordRow.status == Status.parse(status).value)
@@ -219,15 +213,11 @@ class QueryMixin(DatabaseCore):
 
     def target_keys(self) -> list[str]:
         """All target keys, sorted."""
-        from sqlalchemy import select
-
         with self._read("list targets") as conn:
             return list(conn.execute(select(TargetRow.key).order_by(TargetRow.key)).scalars())
 
     def target_info(self, key: str) -> dict:
         """The description stored with a target."""
-        from sqlalchemy import select
-
         with self._read("read a target") as conn:
             text = conn.execute(select(TargetRow.info).where(TargetRow.key == key)).scalar()
         if text is None:
@@ -251,8 +241,6 @@ class QueryMixin(DatabaseCore):
 
     def resolve_workload(self, spec: str) -> str:
         """A full workload key, or a prefix of one that matches exactly one workload."""
-        from sqlalchemy import select
-
         with self._read("look up a workload") as conn:
             if conn.execute(select(WorkloadRow.id).where(WorkloadRow.key == spec)).scalar() is not None:
                 return spec
@@ -274,8 +262,6 @@ class QueryMixin(DatabaseCore):
 
     def workloads(self, model_name: str | None = None) -> list[WorkloadInfo]:
         """Workloads (of one model's latest task list, if given) with record counts, sorted by key."""
-        from sqlalchemy import case, func, select
-
         counts = (
             select(
                 RecordRow.workload_id.label("wid"),
@@ -308,8 +294,6 @@ class QueryMixin(DatabaseCore):
 
     def workload_canonical(self, key: str) -> dict:
         """The canonical group JSON stored with a workload (parsed with ``json.loads``)."""
-        from sqlalchemy import select
-
         with self._read("read a workload") as conn:
             text = conn.execute(select(WorkloadRow.canonical).where(WorkloadRow.key == key)).scalar()
         if text is None:
@@ -320,8 +304,6 @@ class QueryMixin(DatabaseCore):
         self, model_name: str, target_key: str, model_hash: str | None = None
     ) -> list[CoverageRow]:
         """Per task of the model: tuned or not on the target, best median, record counts by status."""
-        from sqlalchemy import func, select
-
         with self._read("compute coverage") as conn:
             if model_hash is None:
                 model_hash = self._latest_model_hash(conn, model_name)

@@ -11,7 +11,7 @@ from typing import Any
 
 from compiler.backends import sketch_for
 from compiler.errors import KilnError, ScheduleError
-from compiler.fusion import Group
+from compiler.fusion import Group, group_from_workload
 from compiler.target import Target
 
 
@@ -51,8 +51,6 @@ def database_config_source(db: Any):
 
 def workload_validator(db: Any, target_key: str) -> Callable[[Any], str | None]:
     """Validate records of any workload stored in ``db`` (used by `kiln query best`)."""
-    from compiler.fusion import group_from_workload
-
     cache: dict[str, Any] = {}
 
     def validate(record: Any) -> str | None:

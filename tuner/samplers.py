@@ -10,6 +10,7 @@ from typing import Any
 
 from compiler.backends.sketch import Config, Knob
 from compiler.errors import KilnError
+from tuner.space import config_from_params
 
 SAMPLERS = ("tpe", "cmaes", "random", "gp")
 
@@ -58,6 +59,5 @@ def to_params(space: list[Knob], config: Config, how: str) -> dict[str, Any]:
 def from_params(space: list[Knob], params: dict[str, Any], how: str) -> Config:
     if how == "index":
         return {k.name: k.values[int(params[k.name])] for k in space}
-    from tuner.space import config_from_params
 
     return config_from_params(space, params)

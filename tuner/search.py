@@ -9,6 +9,7 @@ Every result, errors included, is committed to the tuning database.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -264,6 +265,4 @@ class TaskTuner:
 
 
 def _loads(key: str) -> Config:
-    import json
-
     return json.loads(key)

@@ -10,10 +10,16 @@ the database (by feature version), so a second evaluation is much faster than th
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
 from compiler.errors import KilnError
+from cost_model.dataset import load_dataset
+from cost_model.evaluate import cross_validate, plot
+from cost_model.features import FEATURE_NAMES, FEATURE_VERSION
+from cost_model.model import create_model
+from tuner.commands.common import print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,8 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from cost_model.dataset import load_dataset
-    from db.database import TuningDatabase
+    from db.database import TuningDatabase  # SQLAlchemy: only when a command opens a database
 
     db = TuningDatabase.open(args.db, create=False)
     target = db.resolve_target(args.target)
@@ -67,11 +72,6 @@ def _load(args: argparse.Namespace):
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import json
-
-    from cost_model.evaluate import cross_validate, plot
-    from cost_model.model import create_model
-
     _db, target, data = _load(args)
     names = [args.model] + ([args.baseline] if args.baseline not in ("none", args.model) else [])
     results = [
@@ -108,8 +108,6 @@ def _fmt(x: float) -> str:
 
 
 def _print_table(results, target: str, n: int, computed: int) -> None:
-    from tuner.commands.common import print_table
-
     cols = ["workload", "kind", "records"]
     for r in results:
         cols += [f"{r.model} spearman", f"{r.model} top1", f"{r.model} top5"]
@@ -132,8 +130,6 @@ def _print_table(results, target: str, n: int, computed: int) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from cost_model.model import create_model
-
     _db, target, data = _load(args)
     model = create_model(args.model, seed=args.seed)
     model.update(data.x, data.latencies, data.workloads)
@@ -144,8 +140,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_features(args: argparse.Namespace) -> int:
-    from cost_model.features import FEATURE_NAMES, FEATURE_VERSION
-
     print(f"feature version {FEATURE_VERSION}: {len(FEATURE_NAMES)} features")
     for i, name in enumerate(FEATURE_NAMES):
         print(f"{i:4d}  {name}")

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+from compiler.frontend.models import MODELS
+from compiler.frontend.onnx import summarize_onnx
+from compiler.passes import optimize
+from tuner.commands.common import print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,11 +32,6 @@ def _dims(dims: list) -> str:
 
 
 def run_onnx(args: argparse.Namespace) -> int:
-    import json
-
-    from compiler.frontend.onnx import summarize_onnx
-    from tuner.commands.common import print_table
-
     s = summarize_onnx(args.onnx)
     if args.format == "json":
         print(json.dumps(s, indent=2))
@@ -66,10 +67,6 @@ def run_onnx(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.onnx:
         return run_onnx(args)
-    from compiler.frontend.models import MODELS
-    from compiler.passes import optimize
-    from tuner.commands.common import print_table
-
     rows = []
     for spec in MODELS.values():
         g = spec.graph()
