@@ -171,7 +171,7 @@ class Target:
             return Target.host()
         assert spec is not None
         if spec == "cuda":
-            from compiler.backends.cuda.device import current_cuda_target
+            from compiler.backends.cuda.device import current_cuda_target  # device.py imports this module
 
             return current_cuda_target()
         parts = spec.split("/")

@@ -138,6 +138,11 @@ def test_asking_for_more_than_the_cpu_has_is_a_clear_error():
         Target.from_cpuinfo(AARCH64_CPUINFO, "aarch64", isa="avx2")
 
 
+def test_the_host_key_parses_back_to_the_host():
+    host = Target.host()
+    assert Target.parse(host.key) is host and Target.parse("cpu") is host
+
+
 def test_cuda_targets_have_no_gcc_flags():
     with pytest.raises(KilnError, match="not a CPU target"):
         Target.cuda().cflags()
