@@ -6,9 +6,11 @@ the buffer's strides and simplified under the enclosing loops' ranges. The print
 (renaming only on clashes), one statement per line, two-space indentation.
 
 Subclasses override the hooks (``param_decl``, ``signature``, ``emit_parallel``, ``emit_thread_loop``,
-``emit_vector_loop``, ``alloc_lines``, ``barrier_line``, ``math_call``, ``restrict``) to fit a target.
-Local buffers whose accesses all have compile-time-constant flat indices are promoted to scalar or vector
-variables (see ``compiler.codegen.promote``).
+``emit_vector_loop``, ``emit_store``, ``vector_expr``, ``alloc_lines``, ``barrier_line``, ``math_call``,
+``restrict``) to fit a target. The printer decides nothing: the backends' loop-IR passes run before it
+(register promotion, ``compiler.loopir.promote``; the C target's vectorization). A local allocation
+annotated ``promote`` is declared as scalar or vector variables (``acc_0, acc_1``; element k of a buffer
+promoted with W lanes per variable is ``acc_{k / W}[k % W]``), whose accesses have constant indices.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from contextlib import contextmanager
 from compiler import dtypes
 from compiler.backends.cpu.kiln_math import Prelude
 from compiler.codegen.names import NameScope, const_literal
-from compiler.codegen.promote import Promotion, analyze, declare_promoted, mentions, promoted_scalar
 from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import (
@@ -34,8 +35,10 @@ from compiler.loopir.expr import (
     Select,
     Var,
     const,
+    lanes_of,
     substitute,
 )
+from compiler.loopir.promote import PROMOTE, promoted_slot
 from compiler.loopir.stmt import (
     Allocate,
     Barrier,
@@ -86,8 +89,7 @@ class CStylePrinter:
         self.buf_names: dict[Buffer, str] = {}
         self.consts: dict[Var, int] = {}
         self.ranges: dict[Var, tuple[int, int]] = {}
-        self.promoted: dict[Buffer, Promotion] = {}
-        self.expand: set[Var] = set()
+        self.promoted: dict[Buffer, tuple[int, list[str]]] = {}  # lanes per variable, variable names
         self.in_parallel = False
 
     # ------------------------------------------------------------------ hooks
@@ -105,15 +107,21 @@ class CStylePrinter:
         raise CompileError(f"loop '{s.var.name}' is bound to {s.thread}, which this target cannot run")
 
     def emit_vector_loop(self, s: For) -> None:
-        self.emit_scalar_fallback(s)
+        """A ``vectorized`` loop left by the target's passes: a scalar loop whose iterations are
+        independent."""
+        self.emit_serial(s, pragma="#pragma GCC ivdep")
 
-    def try_vector(self, s: For) -> bool:
-        """Whether ``s`` (a vectorized loop, variables bound) would be printed as explicit vector code."""
-        return False
+    def emit_store(self, s: BufferStore) -> None:
+        if lanes_of(s.value.dtype) > 1:
+            self.line(f"{self.vector_store(s)};")
+        else:
+            self.line(f"{self.store_target(s.buffer, s.indices)} = {self.top(s.value)};")
 
-    def prepare_body(self, body: Stmt) -> Stmt:
-        """A target's rewrite of the body before printing (the input function is never modified)."""
-        return body
+    def vector_store(self, s: BufferStore) -> str:
+        raise CompileError(f"store of vector {s.value.dtype} to {s.buffer.name}: this target has no vectors")
+
+    def vector_expr(self, e: Expr) -> str:
+        raise CompileError(f"expression of vector type {e.dtype}: this target has no vectors")
 
     def alloc_lines(self, buf: Buffer, name: str) -> tuple[list[str], list[str]]:
         """Lines that declare ``buf`` before its body and release it after."""
@@ -163,7 +171,7 @@ class CStylePrinter:
     def function(self, func: PrimFunc) -> str:
         """The C text of one kernel."""
         self._reset(func)
-        body = self.prepare_body(func.body)
+        body = func.body
         params = []
         for i, b in enumerate(func.params):
             name = self.names.fresh(b.name)
@@ -222,7 +230,7 @@ class CStylePrinter:
         elif isinstance(s, For):
             self.emit_for(s)
         elif isinstance(s, BufferStore):
-            self.line(f"{self.store_target(s.buffer, s.indices)} = {self.top(s.value)};")
+            self.emit_store(s)
         elif isinstance(s, IfThenElse):
             self.emit_if(s)
         elif isinstance(s, Allocate):
@@ -245,7 +253,7 @@ class CStylePrinter:
             return
         if s.kind == "thread":
             self.emit_thread_loop(s)
-        elif s.var in self.expand or s.extent == 1:
+        elif s.extent == 1:
             self.emit_expanded(s)
         elif s.kind == "parallel" and not self.in_parallel:
             self.emit_parallel(s)
@@ -267,18 +275,6 @@ class CStylePrinter:
             self.block(f"for (int32_t {v} = 0; {v} < {s.extent}; ++{v})"),
         ):
             self.stmt(s.body)
-
-    def emit_scalar_fallback(self, s: For) -> None:
-        """A vectorized loop as plain scalar code (expanded when it touches promoted buffers)."""
-        if self.touches_promoted(s.body) and s.extent <= 64:
-            self.emit_expanded(s)
-        else:
-            self.emit_serial(s, pragma="#pragma GCC ivdep")
-
-    def touches_promoted(self, s: Stmt) -> bool:
-        if not self.promoted:
-            return False
-        return any(mentions(s, b) for b in self.promoted)
 
     def emit_expanded(self, s: For) -> None:
         """The loop body once per iteration with the loop variable a constant (full unrolling)."""
@@ -306,21 +302,20 @@ class CStylePrinter:
 
     def emit_allocate(self, s: Allocate) -> None:
         buf = s.buffer
-        result = analyze(self, s) if buf.scope == "local" else None
         name = self.names.fresh(buf.name)
         self.buf_names[buf] = name
-        if result is not None:
-            plan, expand = result
-            for text in declare_promoted(plan, buf, self, name):
-                self.line(text)
-            added = expand - self.expand
-            self.promoted[buf] = plan
-            self.expand |= added
+        width = s.annotations.get(PROMOTE)
+        if width is not None:
+            n = -(-buf.numel // width)
+            names = [self.names.fresh(f"{name}_{k}") for k in range(n)]
+            ctype = c_type(buf.dtype) if width == 1 else self.vector_type(buf.dtype, width)
+            for i in range(0, n, 8):
+                self.line(f"{ctype} {', '.join(names[i : i + 8])};")
+            self.promoted[buf] = (width, names)
             try:
                 self.stmt(s.body)
             finally:
                 del self.promoted[buf]
-                self.expand -= added
             return
         before, after = self.alloc_lines(buf, name)
         for text in before:
@@ -341,16 +336,26 @@ class CStylePrinter:
             raise CompileError(
                 f"access to {buf.name} has {len(indices)} indices, the buffer has rank {len(buf.shape)}"
             )
-        flat: Expr = const(0)
-        for idx, stride in zip(indices, buf.strides):
-            flat = flat + idx * stride if stride != 1 else flat + idx
-        return self.simplified(flat)
+        return self.simplified(simp.flat_expr(buf, indices))
+
+    def vector_type(self, dtype: str, lanes: int) -> str:
+        raise CompileError(f"vectors of {lanes} x {dtype}: this target has no vectors")
+
+    def promoted_var(self, buf: Buffer, flat: Expr, lanes: int = 1) -> str:
+        """The variable (``lanes`` > 1: a whole vector variable) holding element ``flat`` of a promoted
+        buffer."""
+        width, names = self.promoted[buf]
+        slot, lane = promoted_slot(buf, width, flat)
+        if lanes > 1:
+            if lanes != width or lane:
+                raise CompileError(f"internal: {lanes} lanes of {buf.name} at {flat} are not one variable")
+            return names[slot]
+        return names[slot] if width == 1 else f"{names[slot]}[{lane}]"
 
     def access(self, buf: Buffer, indices: tuple[Expr, ...]) -> str:
         flat = self.flat_index(buf, indices)
-        plan = self.promoted.get(buf)
-        if plan is not None:
-            return promoted_scalar(plan, buf, flat)  # type: ignore[arg-type]
+        if buf in self.promoted:
+            return self.promoted_var(buf, flat)
         return f"{self.buf_name(buf)}[{self.top(flat)}]"
 
     def store_target(self, buf: Buffer, indices: tuple[Expr, ...]) -> str:
@@ -373,6 +378,8 @@ class CStylePrinter:
         return text
 
     def expr(self, e: Expr) -> str:
+        if lanes_of(e.dtype) > 1:
+            return self.vector_expr(e)
         if isinstance(e, Var):
             if e in self.consts:
                 return const_literal(const(self.consts[e], e.dtype))

@@ -3,6 +3,14 @@
 Expressions are immutable and compared by identity; :func:`structural_equal` compares structure.
 Python operators build expressions (``i * 16 + j``); comparisons use methods (``a.lt(b)``) so that
 ``==`` keeps its identity meaning. Index arithmetic uses floor division/modulo (``//``, ``%``).
+
+Vector expressions (made by the vectorization pass just before code generation, never by schedules) carry
+their lane count in the dtype: ``"float32x16"`` is 16 lanes of float32 (:func:`vector_dtype`,
+:func:`lanes_of`, :func:`element_dtype`); a mask is ``"boolx16"``. :class:`Ramp` is ``base + k * stride``
+in lane ``k``, :class:`Broadcast` one scalar in every lane, :class:`MakeVector` lanes given one by one
+(a gather), and a ``Load`` with ``lanes > 1`` reads that many consecutive elements (row-major) from the
+element its indices name. Binary, Compare, Logical, Select, Cast and Call apply lane by lane; a Select may
+have a scalar condition.
 """
 
 from __future__ import annotations
@@ -161,12 +169,52 @@ class Call(Expr):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Load(Expr):
+    """One element of ``buffer`` or, with ``lanes > 1``, that many consecutive elements (in row-major
+    order) starting at the element ``indices`` names: a vector of ``lanes`` lanes."""
+
     buffer: Buffer
     indices: tuple[Expr, ...]
+    lanes: int = 1
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return self.buffer.dtype
+        return vector_dtype(self.buffer.dtype, self.lanes)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Ramp(Expr):
+    """The index vector ``base + k * stride`` for lanes ``k = 0 .. lanes-1`` (scalar base and stride)."""
+
+    base: Expr
+    stride: Expr
+    lanes: int
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return vector_dtype(self.base.dtype, self.lanes)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Broadcast(Expr):
+    """The scalar ``value`` in each of ``lanes`` lanes."""
+
+    value: Expr
+    lanes: int
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return vector_dtype(self.value.dtype, self.lanes)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class MakeVector(Expr):
+    """A vector whose lane ``k`` is the scalar ``elems[k]`` (e.g. a gather of loads at unrelated indices)."""
+
+    elems: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return vector_dtype(self.elems[0].dtype, len(self.elems))
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -196,6 +244,22 @@ COMBINERS = ("sum", "max", "min")
 
 
 # --------------------------------------------------------------------- helpers
+def vector_dtype(dtype: str, lanes: int) -> str:
+    """The dtype of ``lanes`` lanes of the scalar ``dtype`` (``dtype`` itself for one lane)."""
+    return dtype if lanes == 1 else f"{dtype}x{lanes}"
+
+
+def lanes_of(dtype: str) -> int:
+    """How many lanes a (vector) dtype has: 16 for ``float32x16``, 1 for a scalar dtype."""
+    head, sep, tail = dtype.rpartition("x")
+    return int(tail) if sep and tail.isdigit() and head in dtypes.DTYPES else 1
+
+
+def element_dtype(dtype: str) -> str:
+    """The scalar dtype of one lane: ``float32`` for ``float32x16``."""
+    return dtype.rpartition("x")[0] if lanes_of(dtype) > 1 else dtype
+
+
 def const(value: int | float | bool, dtype: str | None = None) -> Const:
     if dtype is None:
         dtype = "bool" if isinstance(value, bool) else INDEX if isinstance(value, int) else "float32"
@@ -304,6 +368,12 @@ def children(e: Expr) -> Sequence[Expr]:
         return e.indices
     if isinstance(e, Reduce):
         return (e.source,)
+    if isinstance(e, Ramp):
+        return (e.base, e.stride)
+    if isinstance(e, Broadcast):
+        return (e.value,)
+    if isinstance(e, MakeVector):
+        return e.elems
     return ()
 
 
@@ -324,9 +394,9 @@ def rebuild(e: Expr, kids: Sequence[Expr]) -> Expr:
     if isinstance(e, Binary):
         return Binary(e.op, kids[0], kids[1], e.dtype)
     if isinstance(e, Compare):
-        return Compare(e.op, kids[0], kids[1])
+        return Compare(e.op, kids[0], kids[1], e.dtype)
     if isinstance(e, Logical):
-        return Logical(e.op, kids[0], kids[1] if e.b is not None else None)
+        return Logical(e.op, kids[0], kids[1] if e.b is not None else None, e.dtype)
     if isinstance(e, Select):
         return Select(kids[0], kids[1], kids[2], e.dtype)
     if isinstance(e, Cast):
@@ -334,9 +404,15 @@ def rebuild(e: Expr, kids: Sequence[Expr]) -> Expr:
     if isinstance(e, Call):
         return Call(e.name, tuple(kids), e.dtype)
     if isinstance(e, Load):
-        return Load(e.buffer, tuple(kids))
+        return Load(e.buffer, tuple(kids), e.lanes)
     if isinstance(e, Reduce):
         return Reduce(e.combiner, kids[0], e.axis, e.dtype)
+    if isinstance(e, Ramp):
+        return Ramp(kids[0], kids[1], e.lanes)
+    if isinstance(e, Broadcast):
+        return Broadcast(kids[0], e.lanes)
+    if isinstance(e, MakeVector):
+        return MakeVector(tuple(kids))
     return e
 
 

@@ -30,6 +30,7 @@ from compiler.loopir.expr import (
     Logical,
     Select,
     Var,
+    lanes_of,
 )
 from compiler.loopir.stmt import (
     Allocate,
@@ -85,7 +86,15 @@ def _trunc_div(a: int, b: int) -> int:
     return q if (a >= 0) == (b >= 0) else -q
 
 
+_SCALAR_ONLY = (
+    "the interpreters run scalar loop IR (what Backend.lower returns); vector expressions are made by "
+    "code generation's vectorization pass"
+)
+
+
 def compile_expr(e: Expr) -> Callable[[Env], Any]:
+    if lanes_of(e.dtype) > 1:
+        raise InterpError(f"cannot interpret {e!r} of dtype {e.dtype}: " + _SCALAR_ONLY)
     if isinstance(e, Const):
         v = _np_scalar(e.dtype)(e.value)
         return lambda env: v

@@ -12,7 +12,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from compiler import dtypes
-from compiler.loopir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Logical, Select, Var
+from compiler.loopir.expr import (
+    Binary,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Load,
+    Logical,
+    Select,
+    Var,
+    lanes_of,
+)
 
 if TYPE_CHECKING:
     from compiler.loopir.interp_simt import _Ctx
@@ -76,6 +88,11 @@ def _np_dtype(dtype: str) -> np.dtype:
 
 
 def _expr(e: Expr) -> Fn:
+    if lanes_of(e.dtype) > 1:
+        raise _err(
+            f"cannot interpret {e!r} of dtype {e.dtype}: the interpreters run scalar loop IR (what "
+            "Backend.lower returns); vector expressions are made by code generation's vectorization pass"
+        )
     if isinstance(e, Const):
         v = _scalar(e)
         return lambda ctx, act: v

@@ -16,6 +16,7 @@ import math
 
 from compiler.loopir.expr import (
     Binary,
+    Broadcast,
     Call,
     Cast,
     Compare,
@@ -23,9 +24,12 @@ from compiler.loopir.expr import (
     Expr,
     Load,
     Logical,
+    MakeVector,
+    Ramp,
     Reduce,
     Select,
     Var,
+    lanes_of,
 )
 from compiler.loopir.stmt import (
     Allocate,
@@ -77,7 +81,14 @@ def expr_str(e: Expr) -> str:
     if isinstance(e, Call):
         return f"{e.name}({', '.join(expr_str(a) for a in e.args)})"
     if isinstance(e, Load):
-        return f"{e.buffer.name}[{', '.join(expr_str(i) for i in e.indices)}]"
+        idx = ", ".join(expr_str(i) for i in e.indices)
+        return f"{e.buffer.name}[{idx}]" if e.lanes == 1 else f"{e.buffer.name}[{idx} : +{e.lanes}]"
+    if isinstance(e, Ramp):
+        return f"ramp({expr_str(e.base)}, {expr_str(e.stride)}, {e.lanes})"
+    if isinstance(e, Broadcast):
+        return f"broadcast({expr_str(e.value)}, {e.lanes})"
+    if isinstance(e, MakeVector):
+        return f"vector({', '.join(expr_str(x) for x in e.elems)})"
     if isinstance(e, Reduce):
         axes = ", ".join(f"{iv.var.name}:{iv.extent}" for iv in e.axis)
         return f"reduce_{e.combiner}({expr_str(e.source)}, axis=[{axes}])"
@@ -123,7 +134,9 @@ def _lines(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(pad + "}")
     elif isinstance(s, BufferStore):
         idx = ", ".join(expr_str(i) for i in s.indices)
-        out.append(f"{pad}{s.buffer.name}[{idx}] = {expr_str(s.value)}")
+        lanes = lanes_of(s.value.dtype)
+        span = f" : +{lanes}" if lanes > 1 else ""
+        out.append(f"{pad}{s.buffer.name}[{idx}{span}] = {expr_str(s.value)}")
     elif isinstance(s, IfThenElse):
         out.append(f"{pad}if ({expr_str(s.cond)})")
         out.append(pad + "{")
@@ -136,7 +149,8 @@ def _lines(s: Stmt, depth: int, out: list[str]) -> None:
             out.append(pad + "}")
     elif isinstance(s, Allocate):
         b = s.buffer
-        out.append(f"{pad}alloc {b.name}[{', '.join(map(str, b.shape))}] : {b.dtype} ({b.scope})")
+        notes = "".join(f" {k}={v}" for k, v in s.annotations.items())
+        out.append(f"{pad}alloc {b.name}[{', '.join(map(str, b.shape))}] : {b.dtype} ({b.scope}){notes}")
         _lines(s.body, depth, out)
     elif isinstance(s, Evaluate):
         out.append(pad + expr_str(s.expr))

@@ -10,10 +10,12 @@ the ranges decide are folded, so guards that always hold disappear.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from compiler import dtypes
+from compiler.errors import CompileError
 from compiler.loopir.expr import (
     Binary,
     Call,
@@ -29,6 +31,9 @@ from compiler.loopir.expr import (
     const,
     rebuild,
 )
+
+if TYPE_CHECKING:
+    from compiler.loopir.stmt import Buffer
 
 Range = tuple[int, int]  # inclusive [lo, hi]
 Ranges = Mapping[Var, Range]
@@ -340,3 +345,21 @@ def is_pow2(n: int) -> bool:
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
+
+
+def flat_index(buf: Buffer, indices: Sequence[Expr], ranges: Ranges | None = None) -> Expr:
+    """The row-major flat index of ``buf[indices]``, simplified under ``ranges`` (a CompileError when the
+    number of indices is not the buffer's rank)."""
+    if len(indices) != len(buf.shape):
+        raise CompileError(
+            f"access to {buf.name} has {len(indices)} indices, the buffer has rank {len(buf.shape)}"
+        )
+    return simplify(flat_expr(buf, indices), ranges)
+
+
+def flat_expr(buf: Buffer, indices: Sequence[Expr]) -> Expr:
+    """``sum(index * stride)`` over the dimensions of ``buf``, not simplified."""
+    flat: Expr = const(0)
+    for idx, stride in zip(indices, buf.strides):
+        flat = flat + idx * stride if stride != 1 else flat + idx
+    return flat

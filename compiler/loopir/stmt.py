@@ -93,6 +93,9 @@ class Block(Stmt):
 
 @dataclass(eq=False, repr=False)
 class BufferStore(Stmt):
+    """``buffer[indices] = value``; a vector ``value`` of W lanes stores W consecutive elements (row-major)
+    starting at the element ``indices`` names."""
+
     buffer: Buffer
     indices: tuple[Expr, ...]
     value: Expr
@@ -112,8 +115,13 @@ class IfThenElse(Stmt):
 
 @dataclass(eq=False, repr=False)
 class Allocate(Stmt):
+    """``buffer`` exists while ``body`` runs. Annotations are decisions of passes for code generation,
+    e.g. ``{"promote": width}`` (``compiler.loopir.promote``): held in registers, ``width`` lanes per
+    variable."""
+
     buffer: Buffer
     body: Stmt
+    annotations: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False, repr=False)
@@ -194,7 +202,7 @@ def rebuild_stmt(s: Stmt, kids: list[Stmt], exprs: list[Expr]) -> Stmt:
     if isinstance(s, For):
         return For(s.var, s.extent, kids[0], s.kind, s.thread, dict(s.annotations))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, kids[0])
+        return Allocate(s.buffer, kids[0], dict(s.annotations))
     if isinstance(s, SeqStmt):
         return seq(*kids) if kids else SeqStmt([])
     if isinstance(s, IfThenElse):

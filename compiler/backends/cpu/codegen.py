@@ -8,8 +8,16 @@ runs a whole model.
 
 Loop kinds: ``parallel`` -> ``#pragma omp parallel for schedule(static)`` on the outermost parallel loop
 (nested ones run serially inside it); ``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left
-to gcc); ``vectorized`` -> explicit SIMD (``compiler.backends.cpu.vectorize``); ``thread`` -> CompileError.
-Allocations up to 64 KiB are aligned stack arrays, larger ones ``aligned_alloc``/``free`` around their body.
+to gcc); ``thread`` -> CompileError. Allocations up to 64 KiB are aligned stack arrays, larger ones
+``aligned_alloc``/``free`` around their body.
+
+Before printing, :func:`prepare` runs the C target's loop-IR passes on each kernel: vectorized loops split to
+the target's vector width, register promotion of local buffers (``compiler.loopir.promote``), explicit SIMD
+(``compiler.backends.cpu.vectorize``), expansion of scalar loops over promoted buffers. The printer writes
+vector expressions with GCC vector extensions (``kiln_f32x16`` & co. from the prelude: ``kiln_load_f32x16``,
+``kiln_store_f32x16``, ``kiln_splat_f32x16``, ``kiln_iota_i32x16``, ``kiln_sel_f32x16``, masks as int32
+lanes of 0 / -1; a scalar operand of ``+ - * /`` or of a comparison is written as is, which GCC broadcasts)
+and a ``vectorized`` loop that stayed scalar with ``#pragma GCC ivdep``.
 
 min/max print as ``a > b ? a : b``, which gcc turns into maxps/minps: when ``a`` is NaN the result is ``b``
 (NaN is propagated only from the second operand), unlike numpy's NaN-propagating maximum.
@@ -24,33 +32,67 @@ from compiler.backends.cpu import vectorize
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
-from compiler.loopir.stmt import Buffer, For, PrimFunc, Stmt, walk_stmts
+from compiler.loopir.expr import (
+    Binary,
+    Broadcast,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Load,
+    Logical,
+    MakeVector,
+    Ramp,
+    Select,
+    element_dtype,
+    lanes_of,
+    vector_dtype,
+)
+from compiler.loopir.promote import expand_fallback_loops, promote_locals
+from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc, walk_stmts
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
-CODEGEN_VERSION = "c-2"  # bump when generated code changes meaning (part of the kernel cache key)
+CODEGEN_VERSION = "c-3"  # bump when generated code changes meaning (part of the kernel cache key)
+
+
+def max_lanes(target: Any) -> int | None:
+    """float32 lanes of the target's vectors (``Target.vector_bytes``: 64/32/16 -> 16/8/4), None without
+    a target."""
+    vector_bytes = getattr(target, "vector_bytes", None)
+    return max(4, min(16, vector_bytes // 4)) if vector_bytes else None
+
+
+def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
+    """The C target's loop-IR passes on a lowered kernel (``func`` is left untouched): split vectorized
+    loops to the target's width, promote local buffers to registers, vectorize, expand the scalar loops
+    left over promoted buffers. Without a target a vectorized loop is a CompileError (the vector width
+    comes from the target)."""
+    lanes = max_lanes(target)
+    body = func.body
+    if lanes is None:
+        loop = next((x for x in walk_stmts(body) if isinstance(x, For) and x.kind == "vectorized"), None)
+        if loop is not None:
+            raise CompileError(
+                f"kernel '{func.name}': loop '{loop.var.name}' is vectorized but no target says how wide a "
+                "vector is: pass the Target (e.g. generate_c(funcs, Target.host()))"
+            )
+        body = promote_locals(body)
+    else:
+        body = vectorize.split_vector_loops(body, lanes)
+        body = promote_locals(body, vectorize.vectorizable)
+        body = expand_fallback_loops(vectorize.vectorize_loops(body))
+    if body is func.body:
+        return func
+    return PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+
+
+_VT = {"float32": "f32", "int32": "i32", "bool": "i32"}  # masks are int32 lanes of 0 / -1
+_INFIX = ("+", "-", "*", "/", "//", "%")
 
 
 class CPrinter(CStylePrinter):
     """C99 (gnu11) with OpenMP and GCC vector extensions."""
-
-    def __init__(self, target: Any = None) -> None:
-        super().__init__(target)
-        # the vector width comes from the target (``Target.vector_bytes``); without a target, kernels
-        # with vectorized loops cannot be printed (see ``prepare_body``)
-        vector_bytes = getattr(target, "vector_bytes", None)
-        self.max_lanes = max(4, min(16, vector_bytes // 4)) if vector_bytes else None
-
-    def prepare_body(self, body: Stmt) -> Stmt:
-        if self.max_lanes is None:
-            loop = next((x for x in walk_stmts(body) if isinstance(x, For) and x.kind == "vectorized"), None)
-            if loop is not None:
-                name = self.func.name if self.func else "?"
-                raise CompileError(
-                    f"kernel '{name}': loop '{loop.var.name}' is vectorized but no target says how wide a "
-                    "vector is: pass the Target (e.g. generate_c(funcs, Target.host()))"
-                )
-            return body
-        return vectorize.split_vector_loops(body, self.max_lanes)
 
     def emit_parallel(self, s: For) -> None:
         self.line("#pragma omp parallel for schedule(static)")
@@ -67,11 +109,101 @@ class CPrinter(CStylePrinter):
             "CUDA target can run; schedule it as serial/parallel for the CPU"
         )
 
-    def emit_vector_loop(self, s: For) -> None:
-        vectorize.emit_vector_loop(self, s)
+    # ------------------------------------------------------------------ vectors
+    def vector_type(self, dtype: str, lanes: int) -> str:
+        return f"kiln_{self.vt(vector_dtype(dtype, lanes))}"
 
-    def try_vector(self, s: For) -> bool:
-        return vectorize.try_vector(self, s)
+    def vt(self, dtype: str) -> str:
+        """``f32x16`` for ``float32x16`` (``i32x16`` for int32 and for masks)."""
+        elem = element_dtype(dtype)
+        if elem not in _VT:
+            raise CompileError(f"the C target has no vectors of {elem}")
+        return f"{_VT[elem]}x{lanes_of(dtype)}"
+
+    def vector_store(self, s: BufferStore) -> str:
+        lanes = lanes_of(s.value.dtype)
+        self.prelude.use_width(lanes)
+        flat = self.flat_index(s.buffer, s.indices)
+        if s.buffer in self.promoted:
+            return f"{self.promoted_var(s.buffer, flat, lanes)} = {self.top(s.value)}"
+        target = f"&{self.buf_name(s.buffer)}[{self.top(flat)}]"
+        return f"kiln_store_{self.vt(s.value.dtype)}({target}, {self.expr(s.value)})"
+
+    def operand(self, e: Expr) -> str:
+        """An operand of infix vector arithmetic or a comparison: a broadcast scalar is written as is."""
+        return self.expr(e.value) if isinstance(e, Broadcast) else self.expr(e)
+
+    def vector_expr(self, e: Expr) -> str:
+        w = lanes_of(e.dtype)
+        vt = self.vt(e.dtype)
+        if isinstance(e, Load):
+            flat = self.flat_index(e.buffer, e.indices)
+            if e.buffer in self.promoted:
+                return self.promoted_var(e.buffer, flat, w)
+            return f"kiln_load_{vt}(&{self.buf_name(e.buffer)}[{self.top(flat)}])"
+        if isinstance(e, Ramp):
+            iota = f"kiln_iota_{vt}()"
+            if not (_is(e.base, 0) and _is(e.stride, 1)):
+                iota = f"({self.expr(e.base)} + {iota} * {self.expr(e.stride)})"
+            return iota
+        if isinstance(e, Broadcast):
+            if e.value.dtype == "bool":
+                return f"kiln_splat_i32x{w}(-(int32_t){self.expr(e.value)})"
+            return f"kiln_splat_{vt}({self.top(e.value)})"
+        if isinstance(e, MakeVector):
+            return f"(kiln_{vt}){{{', '.join(self.expr(x) for x in e.elems)}}}"
+        if isinstance(e, Binary):
+            if e.op in _INFIX:
+                op = {"//": "/"}.get(e.op, e.op)  # the vectorizer proved both sides non-negative
+                return f"({self.operand(e.a)} {op} {self.operand(e.b)})"
+            return f"kiln_{e.op}_{vt}({self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, Compare):
+            return f"({self.operand(e.a)} {e.op} {self.operand(e.b)})"
+        if isinstance(e, Logical):
+            if e.op == "not":
+                return f"(~{self.expr(e.a)})"
+            assert e.b is not None
+            return f"({self.expr(e.a)} {'&' if e.op == 'and' else '|'} {self.expr(e.b)})"
+        if isinstance(e, Select):
+            t, f = self.expr(e.t), self.expr(e.f)
+            if lanes_of(e.cond.dtype) == 1:
+                return f"({self.top(e.cond)} ? {t} : {f})"
+            return f"kiln_sel_{vt}({self.expr(e.cond)}, {t}, {f})"
+        if isinstance(e, Cast):
+            return self.vector_cast(e, w)
+        if isinstance(e, Call):
+            return self.vector_call(e, vt, w)
+        raise CompileError(f"cannot generate C for the vector expression {type(e).__name__}")
+
+    def vector_cast(self, e: Cast, w: int) -> str:
+        src = element_dtype(e.value.dtype)
+        dst = element_dtype(e.dtype)
+        v = self.expr(e.value)
+        if src == "bool" and dst == "float32":
+            return f"kiln_sel_f32x{w}({v}, kiln_splat_f32x{w}(1.0f), kiln_splat_f32x{w}(0.0f))"
+        if src == "bool" and dst == "int32":
+            return f"({v} & 1)"
+        if dst == "bool":
+            return f"({v} != {'0.0f' if src == 'float32' else '0'})"
+        return f"__builtin_convertvector({v}, kiln_{self.vt(e.dtype)})"
+
+    def vector_call(self, e: Call, vt: str, w: int) -> str:
+        a = self.expr(e.args[0]) if e.args else ""
+        if e.dtype.startswith("float32"):
+            if e.name in ("exp", "log", "tanh", "erf", "sigmoid"):
+                return f"{self.prelude.use_math(e.name, w)}({a})"
+            simple = {
+                "sqrt": f"kiln_sqrt_{vt}({a})",
+                "rsqrt": f"(1.0f / kiln_sqrt_{vt}({a}))",
+                "abs": f"kiln_abs_{vt}({a})",
+                "neg": f"(-{a})",
+                "recip": f"(1.0f / {a})",
+            }
+        else:
+            simple = {"abs": f"kiln_abs_{vt}({a})", "neg": f"(-{a})"}
+        if e.name not in simple:
+            raise CompileError(f"the C target has no vector {e.name}() on {e.dtype}")
+        return simple[e.name]
 
     def alloc_lines(self, buf: Buffer, name: str) -> tuple[list[str], list[str]]:
         t = c_type(buf.dtype)
@@ -97,7 +229,7 @@ def generate_c(funcs: Sequence[PrimFunc], target: Any = None, launches: Sequence
         if f.name in seen:
             raise CompileError(f"two kernels are named {f.name!r}")
         seen[f.name] = f
-        kernels.append(printer.function(f))
+        kernels.append(printer.function(prepare(f, target)))
     parts = [
         f"/* generated by kiln ({CODEGEN_VERSION}) */",
         printer.prelude.render(),
@@ -122,3 +254,7 @@ def _entry(funcs: dict[str, PrimFunc], launches: Sequence[Any]) -> str:
         lines.append(f"  {f.name}({', '.join(f'buffers[{int(a)}]' for a in launch.args)});")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _is(e: Expr, value: int) -> bool:
+    return isinstance(e, Const) and e.value == value

@@ -1,28 +1,29 @@
-"""Explicit SIMD for ``vectorized`` loops with GCC vector extensions (C target).
+"""Explicit SIMD for the C target: a loop-IR pass that turns ``vectorized`` loops into vector statements
+(vector loads, stores and arithmetic; the C printer writes them with GCC vector extensions).
 
 A vectorized loop ``For(v, W)`` (W in 4, 8, 16; wider loops are first split into an unrolled loop of
-W-lane chunks) whose body is a sequence of stores is printed as vector statements. For every load and store
-the coefficient of ``v`` in the flat index decides the access: 1 -> a contiguous (unaligned-safe) vector
-load/store, 0 -> a scalar broadcast, anything else -> a gather built lane by lane. A body guarded by
+W-lane chunks, :func:`split_vector_loops`) whose body is a sequence of stores becomes vector statements.
+For every load and store the coefficient of ``v`` in the flat index decides the access: 1 -> a contiguous
+``W``-lane load/store (``Load(..., lanes=W)``, a store of a W-lane value), 0 -> a scalar broadcast
+(:class:`~compiler.loopir.expr.Broadcast`), anything else -> a gather built lane by lane
+(:class:`~compiler.loopir.expr.MakeVector`); ``v`` itself is ``Ramp(0, 1, W)``. A body guarded by
 ``if (cond)`` with ``cond`` a conjunction of comparisons linear in ``v`` (a split tail) becomes
-``if (all lanes pass) vector code else scalar loop``.
+``if (cond at the first lane && cond at the last lane) vector code else the scalar loop``.
 
-Anything else falls back to a scalar loop with ``#pragma GCC ivdep`` (always correct): non-contiguous or
-loop-invariant stores, loads in a Select branch that may be out of bounds (both sides of a vector select are
-evaluated), integer division in a Select branch, dtypes other than float32/int32, nested control flow,
-Evaluate statements, and a load of a stored buffer at another index (a cross-lane dependence).
+Anything else stays a scalar ``vectorized`` loop, which the printer writes with ``#pragma GCC ivdep``
+(always correct): non-contiguous or loop-invariant stores, loads in a Select branch that may be out of
+bounds (both sides of a vector select are evaluated), integer division in a Select branch, dtypes other than
+float32/int32, nested control flow, Evaluate statements, a load of a stored buffer at another index (a
+cross-lane dependence), and accesses to a promoted buffer (``compiler.loopir.promote``) that are not
+exactly one of its vector variables.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from compiler.codegen.cstyle import _balanced
-from compiler.codegen.promote import promoted_vector
-from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import (
     Binary,
+    Broadcast,
     Call,
     Cast,
     Compare,
@@ -30,25 +31,30 @@ from compiler.loopir.expr import (
     Expr,
     Load,
     Logical,
+    MakeVector,
+    Ramp,
     Select,
     Var,
     const,
+    element_dtype,
     free_vars,
+    lanes_of,
     substitute,
+    vector_dtype,
     walk,
 )
-from compiler.loopir.stmt import BufferStore, For, IfThenElse, SeqStmt, Stmt
+from compiler.loopir.promote import ScopedMutator
+from compiler.loopir.simplify import Ranges, flat_index
+from compiler.loopir.stmt import Buffer, BufferStore, For, IfThenElse, SeqStmt, Stmt, seq
 from compiler.loopir.visitor import post_order, substitute_stmt
 
-if TYPE_CHECKING:
-    from compiler.backends.cpu.codegen import CPrinter
-
 WIDTHS = (16, 8, 4)
-_VT = {"float32": "f32", "int32": "i32"}
+VECTOR_DTYPES = ("float32", "int32")
+_MATH = ("exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "recip")
 
 
 class NoVector(Exception):
-    """Raised while printing vector code for a loop that must fall back to scalar code."""
+    """Raised while rewriting a loop that must stay scalar."""
 
 
 # ------------------------------------------------------------------ splitting
@@ -68,44 +74,59 @@ def split_vector_loops(s: Stmt, max_lanes: int) -> Stmt:
     return post_order(s, split)
 
 
-# ------------------------------------------------------------------- printing
-def emit_vector_loop(p: CPrinter, s: For) -> None:
-    """Print ``s`` as vector code, a guarded vector/scalar pair, or a scalar fallback loop."""
-    body = s.body
-    guard = _guard(p, s, body) if isinstance(body, IfThenElse) else None
-    lines = _try_lines(p, s, body.then if guard is not None else body)  # type: ignore[union-attr]
-    if lines is None:
-        p.emit_scalar_fallback(s)
-        return
-    if guard is not None:
-        with p.block(f"if ({guard})"):
-            p.lines.extend(p.indent_unit * p.depth + x for x in lines)
-        with p.block("else"):
-            p.emit_scalar_fallback(s)
-        return
-    p.lines.extend(p.indent_unit * p.depth + x for x in lines)
+# --------------------------------------------------------------------- pass
+def vectorize_loops(body: Stmt) -> Stmt:
+    """``body`` with every vectorized loop that can be replaced by vector code (see the module docstring);
+    promoted buffers are known from their allocations' annotations."""
+    return _Vectorize().visit_stmt(body)
 
 
-def try_vector(p: CPrinter, s: For) -> bool:
+class _Vectorize(ScopedMutator):
+    def visit_For(self, s: For) -> Stmt:
+        if s.kind == "vectorized":
+            out = vectorize_loop(s, self.ranges, self.promoted)
+            if out is not None:
+                return out
+        return super().visit_For(s)
+
+
+def vectorizable(loop: For, ranges: Ranges, promoted: dict[Buffer, int]) -> bool:
+    """Whether :func:`vectorize_loop` turns ``loop`` into vector code (the promotion pass asks)."""
+    return vectorize_loop(loop, ranges, promoted) is not None
+
+
+def vectorize_loop(s: For, ranges: Ranges, promoted: dict[Buffer, int]) -> Stmt | None:
+    """The vector statements replacing the vectorized loop ``s`` (under loops of ``ranges``, with
+    ``promoted`` buffers -> lanes per variable), a guarded vector/scalar pair, or None (stays scalar)."""
     body = s.body
+    guard = None
     if isinstance(body, IfThenElse):
-        if _guard(p, s, body) is None:
-            return False
+        guard = _guard(s, body, ranges)
+        if guard is None:
+            return None
         body = body.then
-    return _try_lines(p, s, body) is not None
+    if s.extent not in WIDTHS:
+        return None
+    stores = body.stmts if isinstance(body, SeqStmt) else [body]
+    if not all(isinstance(x, BufferStore) for x in stores):
+        return None
+    inner = {**ranges, s.var: (0, s.extent - 1)}
+    try:
+        vector = seq(*_VectorBody(s.var, s.extent, inner, promoted).emit(stores))  # type: ignore[arg-type]
+    except NoVector:
+        return None
+    return vector if guard is None else IfThenElse(guard, vector, s)
 
 
-def _guard(p: CPrinter, s: For, body: IfThenElse) -> str | None:
+def _guard(s: For, body: IfThenElse, ranges: Ranges) -> Expr | None:
     """``cond`` at the first and last lane when it holds for all lanes iff it holds at both ends."""
     if body.else_ is not None or not _interval_cond(body.cond):
         return None
     v = s.var
-    ends = [p.simplified(substitute(body.cond, {v: const(k, v.dtype)})) for k in (0, s.extent - 1)]
-    try:
-        text = [p.expr(e) for e in ends]
-    except CompileError:
-        return None
-    return f"{text[0]} && {text[1]}"
+    first, last = (
+        simp.simplify(substitute(body.cond, {v: const(k, v.dtype)}), ranges) for k in (0, s.extent - 1)
+    )
+    return Logical("and", first, last)
 
 
 def _interval_cond(e: Expr) -> bool:
@@ -116,161 +137,147 @@ def _interval_cond(e: Expr) -> bool:
     return False
 
 
-def _try_lines(p: CPrinter, s: For, body: Stmt) -> list[str] | None:
-    if s.extent not in WIDTHS:
-        return None
-    stores = body.stmts if isinstance(body, SeqStmt) else [body]
-    if not all(isinstance(x, BufferStore) for x in stores):
-        return None
-    saved = p.lines
-    p.lines = []
-    try:
-        with p.loop_var(s.var, s.extent):
-            _VectorBody(p, s.var, s.extent).emit(stores)  # type: ignore[arg-type]
-        return [x.strip() for x in p.lines]
-    except NoVector:
-        return None
-    finally:
-        p.lines = saved
-
-
-def _strip(text: str) -> str:
-    if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
-        return text[1:-1]
-    return text
+def is_mask(e: Expr) -> bool:
+    """A vector of lane conditions (``boolxW``)."""
+    return lanes_of(e.dtype) > 1 and element_dtype(e.dtype) == "bool"
 
 
 class _VectorBody:
-    def __init__(self, p: CPrinter, v: Var, width: int) -> None:
-        self.p, self.v, self.w = p, v, width
+    """Rewrites the stores of one vectorized loop body (variable ``v``, ``w`` lanes) into vector code."""
 
-    def vt(self, dtype: str) -> str:
-        if dtype not in _VT:
+    def __init__(self, v: Var, w: int, ranges: Ranges, promoted: dict[Buffer, int]) -> None:
+        self.v, self.w, self.ranges, self.promoted = v, w, ranges, promoted
+
+    def vdt(self, dtype: str) -> str:
+        if dtype not in VECTOR_DTYPES:
             raise NoVector(f"no vectors of {dtype}")
-        return f"{_VT[dtype]}x{self.w}"
+        return vector_dtype(dtype, self.w)
 
     def varying(self, e: Expr) -> bool:
         return self.v in free_vars(e)
 
-    def emit(self, stores: list[BufferStore]) -> None:
-        p = self.p
-        p.prelude.use_width(self.w)
-        stored: dict[object, set[tuple]] = {}
+    def flat(self, buf: Buffer, indices: tuple[Expr, ...]) -> Expr:
+        return flat_index(buf, indices, self.ranges)
+
+    def at(self, indices: tuple[Expr, ...], k: int) -> tuple[Expr, ...]:
+        return tuple(substitute(i, {self.v: const(k, self.v.dtype)}) for i in indices)
+
+    def emit(self, stores: list[BufferStore]) -> list[BufferStore]:
+        stored: dict[Buffer, set[tuple]] = {}
         for st in stores:
-            stored.setdefault(st.buffer, set()).add(simp.key(p.flat_index(st.buffer, st.indices)))
+            stored.setdefault(st.buffer, set()).add(simp.key(self.flat(st.buffer, st.indices)))
         for st in stores:
             for e in walk(st.value):
                 if (
                     isinstance(e, Load)
                     and e.buffer in stored
-                    and simp.key(p.flat_index(e.buffer, e.indices)) not in stored[e.buffer]
+                    and simp.key(self.flat(e.buffer, e.indices)) not in stored[e.buffer]
                 ):
                     raise NoVector("cross-lane dependence")
-        for st in stores:
-            self.store(st)
+        return [self.store(st) for st in stores]
 
-    def store(self, st: BufferStore) -> None:
-        p, buf = self.p, st.buffer
-        vt = self.vt(buf.dtype)
-        flat = p.flat_index(buf, st.indices)
-        if simp.linear_coeff(flat, self.v, p.ranges) != 1:
-            raise NoVector("store is not contiguous")
-        value = self.vec(st.value, buf.dtype)
-        base = p.simplified(substitute(flat, {self.v: const(0)}))
-        plan = p.promoted.get(buf)
-        if plan is not None:
-            slot = promoted_vector(plan, base, self.w)
-            if slot is None:
+    def contiguous(self, buf: Buffer, indices: tuple[Expr, ...]) -> tuple[Expr, ...] | None:
+        """The indices of lane 0 when lanes are consecutive elements (None otherwise); a promoted buffer
+        must be accessed at exactly one of its vector variables."""
+        flat = self.flat(buf, indices)
+        if simp.linear_coeff(flat, self.v, self.ranges) != 1:
+            return None
+        width = self.promoted.get(buf)
+        if width is not None:
+            base = simp.simplify(substitute(flat, {self.v: const(0)}), self.ranges)
+            slots = -(-buf.numel // width)
+            if width != self.w or not isinstance(base, Const) or int(base.value) % self.w:
                 raise NoVector("promoted buffer slot mismatch")
-            p.line(f"{slot} = {_strip(value)};")
-        else:
-            p.line(f"kiln_store_{vt}(&{p.buf_name(buf)}[{p.top(base)}], {value});")
+            if not 0 <= int(base.value) // self.w < slots:
+                raise NoVector("promoted buffer slot mismatch")
+        return self.at(indices, 0)
 
-    def vec(self, e: Expr, dtype: str) -> str:
+    def store(self, st: BufferStore) -> BufferStore:
+        self.vdt(st.buffer.dtype)
+        base = self.contiguous(st.buffer, st.indices)
+        if base is None:
+            raise NoVector("store is not contiguous")
+        return BufferStore(st.buffer, base, self.vec(st.value, st.buffer.dtype))
+
+    def vec(self, e: Expr, dtype: str) -> Expr:
         """``e`` as a vector of ``dtype`` (scalars are broadcast)."""
-        code, kind = self.x(e)
-        if kind == "m":
+        out = self.x(e)
+        if is_mask(out):
             raise NoVector("mask where a value is needed")
-        if kind == "s":
-            return f"kiln_splat_{self.vt(dtype)}({self.p.top(e)})"
-        return code
+        if lanes_of(out.dtype) == 1:
+            self.vdt(dtype)
+            return Broadcast(out, self.w)
+        return out
 
-    def mask(self, e: Expr) -> str:
-        code, kind = self.x(e)
-        if kind == "m":
-            return code
-        if kind == "s":
-            return f"kiln_splat_i32x{self.w}(-(int32_t){code})"
+    def mask(self, e: Expr) -> Expr:
+        out = self.x(e)
+        if is_mask(out):
+            return out
+        if lanes_of(out.dtype) == 1:
+            return Broadcast(out, self.w)
         raise NoVector("value where a mask is needed")
 
-    def x(self, e: Expr) -> tuple[str, str]:
-        """(code, kind): kind 's' scalar, 'v' vector, 'm' lane mask (int32 lanes of 0 / -1)."""
-        p = self.p
+    def lanes(self, e: Expr) -> Expr:
+        """An operand of lane-wise arithmetic or a comparison: scalars are broadcast."""
+        return e if lanes_of(e.dtype) > 1 else Broadcast(e, self.w)
+
+    def x(self, e: Expr) -> Expr:
+        """``e`` rewritten for all lanes: unchanged (scalar) when it does not depend on the lane."""
         if not self.varying(e):
-            return p.expr(e), "s"
+            return e
         if isinstance(e, Var):
-            return f"kiln_iota_i32x{self.w}()", "v"
+            return Ramp(const(0, e.dtype), const(1, e.dtype), self.w)
         if isinstance(e, Load):
-            return self.load(e), "v"
+            return self.load(e)
         if isinstance(e, Binary):
-            return self.binary(e), "v"
+            return self.binary(e)
         if isinstance(e, Compare):
-            if e.a.dtype not in _VT:
+            if e.a.dtype not in VECTOR_DTYPES:
                 raise NoVector("compare dtype")
-            a, ka = self.x(e.a)
-            b, kb = self.x(e.b)
-            if "m" in (ka, kb):
+            a, b = self.x(e.a), self.x(e.b)
+            if is_mask(a) or is_mask(b):
                 raise NoVector("compare of masks")
-            return f"({a} {e.op} {b})", "m"
+            return Compare(e.op, self.lanes(a), self.lanes(b), vector_dtype("bool", self.w))
         if isinstance(e, Logical):
+            mask_dtype = vector_dtype("bool", self.w)
             if e.op == "not":
-                return f"(~{self.mask(e.a)})", "m"
+                return Logical("not", self.mask(e.a), None, mask_dtype)
             assert e.b is not None
-            return f"({self.mask(e.a)} {'&' if e.op == 'and' else '|'} {self.mask(e.b)})", "m"
+            return Logical(e.op, self.mask(e.a), self.mask(e.b), mask_dtype)
         if isinstance(e, Select):
-            return self.select(e), "v"
+            return self.select(e)
         if isinstance(e, Cast):
             return self.cast(e)
         if isinstance(e, Call):
-            return self.call(e), "v"
+            return self.call(e)
         raise NoVector(type(e).__name__)
 
-    def load(self, e: Load) -> str:
-        p, buf = self.p, e.buffer
-        vt = self.vt(buf.dtype)
-        flat = p.flat_index(buf, e.indices)
-        coeff = simp.linear_coeff(flat, self.v, p.ranges)
-        plan = p.promoted.get(buf)
-        if coeff == 1:
-            base = p.simplified(substitute(flat, {self.v: const(0)}))
-            if plan is not None:
-                slot = promoted_vector(plan, base, self.w)
-                if slot is None:
-                    raise NoVector("promoted buffer slot mismatch")
-                return slot
-            return f"kiln_load_{vt}(&{p.buf_name(buf)}[{p.top(base)}])"
-        lanes = []
-        for k in range(self.w):
-            with p.bound_const(self.v, k):
-                lanes.append(p.access(buf, e.indices))
-        return f"(kiln_{vt}){{{', '.join(lanes)}}}"
+    def load(self, e: Load) -> Expr:
+        self.vdt(e.buffer.dtype)
+        base = self.contiguous(e.buffer, e.indices)
+        if base is not None:
+            return Load(e.buffer, base, self.w)
+        return MakeVector(tuple(Load(e.buffer, self.at(e.indices, k)) for k in range(self.w)))
 
-    def binary(self, e: Binary) -> str:
-        vt = self.vt(e.dtype)
+    def nonneg(self, e: Expr) -> bool:
+        r = simp.bound(e, self.ranges)
+        return r is not None and r[0] >= 0
+
+    def binary(self, e: Binary) -> Expr:
+        vt = self.vdt(e.dtype)
         a, b = self.x(e.a), self.x(e.b)
-        if "m" in (a[1], b[1]):
+        if is_mask(a) or is_mask(b):
             raise NoVector("arithmetic on masks")
         if e.op in ("+", "-", "*", "/"):
-            return f"({a[0]} {e.op} {b[0]})"
-        if e.op in ("//", "%") and e.dtype == "int32" and self.p.nonneg(e.a) and self.p.nonneg(e.b):
-            return f"({a[0]} {'/' if e.op == '//' else '%'} {b[0]})"
+            return Binary(e.op, self.lanes(a), self.lanes(b), vt)
+        if e.op in ("//", "%") and e.dtype == "int32" and self.nonneg(e.a) and self.nonneg(e.b):
+            return Binary(e.op, self.lanes(a), self.lanes(b), vt)
         if e.op in ("min", "max") or (e.op == "pow" and e.dtype == "float32"):
-            return f"kiln_{e.op}_{vt}({self.vec(e.a, e.dtype)}, {self.vec(e.b, e.dtype)})"
+            return Binary(e.op, self.vec(e.a, e.dtype), self.vec(e.b, e.dtype), vt)
         raise NoVector(f"vector {e.op} on {e.dtype}")
 
-    def select(self, e: Select) -> str:
-        p = self.p
-        vt = self.vt(e.dtype)
+    def select(self, e: Select) -> Expr:
+        vt = self.vdt(e.dtype)
         for branch in (e.t, e.f):
             for x in walk(branch):
                 if isinstance(x, Load) and not self._in_bounds(x):
@@ -281,45 +288,30 @@ class _VectorBody:
                 if int_div and not (isinstance(x.b, Const) and x.b.value != 0):  # type: ignore[union-attr]
                     raise NoVector("integer division in a select branch")
         t, f = self.vec(e.t, e.dtype), self.vec(e.f, e.dtype)
-        if self.x(e.cond)[1] == "s":
-            return f"({p.top(e.cond)} ? {t} : {f})"
-        return f"kiln_sel_{vt}({self.mask(e.cond)}, {t}, {f})"
+        if lanes_of(self.x(e.cond).dtype) == 1:
+            return Select(e.cond, t, f, vt)
+        return Select(self.mask(e.cond), t, f, vt)
 
     def _in_bounds(self, x: Load) -> bool:
-        r = simp.bound(self.p.flat_index(x.buffer, x.indices), self.p.ranges)
+        r = simp.bound(self.flat(x.buffer, x.indices), self.ranges)
         return r is not None and r[0] >= 0 and r[1] < x.buffer.numel
 
-    def cast(self, e: Cast) -> tuple[str, str]:
+    def cast(self, e: Cast) -> Expr:
         src = e.value.dtype
         if src == "bool":
             m = self.mask(e.value)
-            if e.dtype == "float32":
-                one, zero = f"kiln_splat_f32x{self.w}(1.0f)", f"kiln_splat_f32x{self.w}(0.0f)"
-                return f"kiln_sel_f32x{self.w}({m}, {one}, {zero})", "v"
-            if e.dtype == "int32":
-                return f"({m} & 1)", "v"
-            raise NoVector("cast of a mask")
+            if e.dtype not in VECTOR_DTYPES:
+                raise NoVector("cast of a mask")
+            return Cast(m, vector_dtype(e.dtype, self.w))
         if e.dtype == "bool":
-            zero = "0.0f" if src == "float32" else "0"
-            return f"({self.vec(e.value, src)} != {zero})", "m"
-        self.vt(src)
-        return f"__builtin_convertvector({self.vec(e.value, src)}, kiln_{self.vt(e.dtype)})", "v"
+            return Cast(self.vec(e.value, src), vector_dtype("bool", self.w))
+        self.vdt(src)
+        return Cast(self.vec(e.value, src), self.vdt(e.dtype))
 
-    def call(self, e: Call) -> str:
-        vt = self.vt(e.dtype)
-        a = self.vec(e.args[0], e.dtype) if e.args else ""
-        if e.dtype == "float32":
-            if e.name in ("exp", "log", "tanh", "erf", "sigmoid"):
-                return f"{self.p.prelude.use_math(e.name, self.w)}({a})"
-            simple = {
-                "sqrt": f"kiln_sqrt_{vt}({a})",
-                "rsqrt": f"(1.0f / kiln_sqrt_{vt}({a}))",
-                "abs": f"kiln_abs_{vt}({a})",
-                "neg": f"(-{a})",
-                "recip": f"(1.0f / {a})",
-            }
-        else:
-            simple = {"abs": f"kiln_abs_{vt}({a})", "neg": f"(-{a})"}
-        if e.name not in simple:
+    def call(self, e: Call) -> Expr:
+        vt = self.vdt(e.dtype)
+        args = (self.vec(e.args[0], e.dtype),) if e.args else ()
+        allowed = _MATH if e.dtype == "float32" else ("abs", "neg")
+        if e.name not in allowed:
             raise NoVector(f"vector {e.name}")
-        return simple[e.name]
+        return Call(e.name, args, vt)

@@ -38,12 +38,8 @@ from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
-from compiler.loopir.expr import (
-    Binary,
-    Call,
-    Const,
-    Expr,
-)
+from compiler.loopir.expr import Binary, Call, Const, Expr
+from compiler.loopir.promote import promote_locals
 from compiler.loopir.stmt import (
     Allocate,
     Barrier,
@@ -58,6 +54,13 @@ from compiler.loopir.stmt import (
 
 CODEGEN_VERSION = "cuda-1"  # bump when generated code changes meaning (part of the build cache key)
 STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def prepare(kernel: Stmt) -> Stmt:
+    """The CUDA target's loop-IR passes on one kernel before printing: vectorized loops expanded into
+    straight-line code (``expand_vector_loops``), local buffers promoted to registers
+    (``compiler.loopir.promote``)."""
+    return promote_locals(expand_vector_loops(kernel))
 
 
 def kernel_names(func: PrimFunc) -> list[str]:
@@ -102,7 +105,7 @@ class CudaPrinter(CStylePrinter):
             raise CompileError(f"kernel name {func.name!r} is not a valid C identifier")
         out = []
         for launch, part in zip(kernel_launches(func), lower_cuda.kernel_parts(func.body)):
-            sub = PrimFunc(launch["name"], func.params, part, func.num_inputs, dict(func.attrs))
+            sub = PrimFunc(launch["name"], func.params, prepare(part), func.num_inputs, dict(func.attrs))
             out.append((launch["name"], self.kernel(sub, launch), launch))
         return out
 
@@ -170,7 +173,7 @@ class CudaPrinter(CStylePrinter):
         self._reset(func)
         self.dims = lower_cuda.thread_dims(func.body)
         self.dynamic = launch["shared_bytes"] > STATIC_SHARED_LIMIT
-        body = self.prepare_body(func.body)
+        body = func.body
         params = []
         for i, b in enumerate(func.params):
             if b.dtype == "float16":
@@ -184,9 +187,6 @@ class CudaPrinter(CStylePrinter):
         return "\n".join([self.signature(func, params) + " {", *self.lines, "}"]) + "\n"
 
     # ------------------------------------------------------------ statements
-    def prepare_body(self, body: Stmt) -> Stmt:
-        return expand_vector_loops(body)
-
     def emit_thread_loop(self, s: For) -> None:
         tag = s.thread or ""
         used = uses_var(s.body, s.var)
@@ -219,10 +219,10 @@ class CudaPrinter(CStylePrinter):
         self.line("}")
 
     def emit_for(self, s: For) -> None:
-        if s.kind == "unrolled" and s.extent > 1 and s.var not in self.expand:
+        if s.kind == "unrolled" and s.extent > 1:
             self.emit_serial(s, pragma="#pragma unroll")
             return
-        if s.kind == "vectorized" and s.var not in self.expand and s.extent > 1:
+        if s.kind == "vectorized" and s.extent > 1:
             self.emit_serial(s, pragma="#pragma unroll")
             return
         super().emit_for(s)
