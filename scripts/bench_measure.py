@@ -4,7 +4,9 @@
 For each task, ``--n`` distinct random configs that pass the sketch's check are measured in batches of
 ``--batch`` with ``LocalBuilder`` + ``LocalRunner`` (check, schedule, lower, C codegen, gcc, verification
 against numpy, timing). Worker start-up is measured once, before, and reported apart. Prints candidates/s
-and where the time went (build phase vs run phase wall time).
+and where the time went (build phase vs run phase wall time), then a sanity check of the harness's timing:
+the default config of each task timed by the runner vs the same kernel timed through a compiled model
+(``CompiledModel.timeit``), one thread each, best of three, interleaved.
 
     python scripts/bench_measure.py [--n 50] [--batch 10] [--tasks softmax,matmul] [--min-time-ms 20]
 
@@ -24,9 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.build import compile as compile_graph  # noqa: E402
 from compiler.builder import GraphBuilder  # noqa: E402
 from compiler.errors import ScheduleError  # noqa: E402
 from compiler.frontend.models import get_model  # noqa: E402
+from compiler.reference import random_inputs  # noqa: E402
 from compiler.target import Target  # noqa: E402
 from tuner.measure import MeasureInput, Measurer  # noqa: E402
 from tuner.space import config_json  # noqa: E402
@@ -121,6 +125,29 @@ def main() -> None:
             f"| {run:.2f} ({1e3 * run / n:.0f}) | {st} | {lat} |"
         )
     print(f"\noverall: {total_n / total_wall:.1f} candidates/s")
+    print()
+    print("| task | runner us (default config) | CompiledModel.timeit us | ratio |")
+    print("|---|---:|---:|---:|")
+    for name, task in tasks.items():
+        runner_us, model_us = harness_vs_model(task, args.min_time_ms)
+        print(f"| {name} | {runner_us:.1f} | {model_us:.1f} | {runner_us / model_us:.2f} |")
+
+
+def harness_vs_model(task: Task, min_time_ms: float) -> tuple[float, float]:
+    """Best of three interleaved rounds: the runner's median for the task's default config, and the
+    median of a one-kernel compiled model of the task's group with that config, one thread each."""
+    model = compile_graph(task.group.subgraph, task.target)
+    model.num_threads = 1
+    inputs = random_inputs(task.group.subgraph, 0)
+    runner_us, model_us = [], []
+    with Measurer("local", "local", task.target, {}, {"min_time_ms": min_time_ms, "num_threads": 1}) as m:
+        for _ in range(3):
+            (r,) = m.measure([MeasureInput(task, dict(task.default()))])
+            if r.median_us is None:
+                raise SystemExit(f"{task.name}: the default config did not measure: {r.status} {r.error}")
+            runner_us.append(r.median_us)
+            model_us.append(model.timeit(inputs, repeats=30)["median_us"])
+    return min(runner_us), min(model_us)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class TaskScheduler:
         window: int = 3,
         seed: int = 0,
         on_round: Callable[[TaskTuner, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tuners = list(tuners)
         self.budget = budget
@@ -57,12 +58,13 @@ class TaskScheduler:
         self.rng = random.Random(seed)
         self.on_round = on_round
         self.measured = 0
-        self.started = time.monotonic()
+        self.clock = clock  # seconds; injectable so a time budget is testable without a wall clock
+        self.started = clock()
 
     def _left(self) -> bool:
         if self.budget.trials is not None and self.measured >= self.budget.trials:
             return False
-        if self.budget.seconds is not None and time.monotonic() - self.started >= self.budget.seconds:
+        if self.budget.seconds is not None and self.clock() - self.started >= self.budget.seconds:
             return False
         return any(not t.state.done for t in self.tuners)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.frontend.models import get_model
 from db.status import Status
@@ -64,7 +63,6 @@ def test_fault_batch_measures_completely(measurer, task):
     assert "max |error| 0.5" in got["wrong"].error
     assert "gcc failed" in got["compile_error"].error and "error:" in got["compile_error"].error
     assert "invalid on purpose" in got["invalid"].error
-    assert got["invalid"].build_seconds < 0.1  # nothing was built
     # the worker was restarted after the crash and the hang: measuring again just works
     again = measurer.measure([MeasureInput(task, cfg("none")), MeasureInput(task, cfg("wrong"))])
     assert [r.status for r in again] == [Status.OK, Status.WRONG_RESULT]
@@ -138,24 +136,3 @@ def test_real_tasks_measure_ok_with_plausible_latencies(measurer):
             assert floor_us < r.median_us < 1e6, (inp.config, r.latencies_us)
             assert len(r.latencies_us) >= 3 and r.build_seconds > 0 and r.run_seconds > 0
     assert results[0].ok and results[3].ok  # the defaults
-
-
-def test_measured_latency_agrees_with_compiled_model():
-    """The harness's timing of the default softmax kernel is close to a CompiledModel's ctypes timing
-    (one thread each, best of three, so other processes on the machine matter little)."""
-    from compiler.build import compile as kiln_compile
-    from compiler.reference import random_inputs
-
-    b = GraphBuilder("softmax_wide")
-    graph = b.build([b.softmax(b.input("x", (256, 1024)), axis=-1)])
-    (t,) = extract_tasks(graph, "cpu")
-    with Measurer(LocalBuilder(), LocalRunner(min_time_ms=20.0, num_threads=1)) as m:
-        results = m.measure([MeasureInput(t, t.default())])
-        results += m.measure([MeasureInput(t, dict(t.default()))])
-        results += m.measure([MeasureInput(t, dict(t.default()))])
-    assert all(r.ok for r in results), results[0].error
-    measured = min(r.median_us for r in results)
-    model = kiln_compile(graph, "cpu")
-    model.num_threads = 1
-    ref = min(model.timeit(random_inputs(graph, 0), repeats=30)["median_us"] for _ in range(3))
-    assert 0.3 * ref < measured < 3.0 * ref, (measured, ref)

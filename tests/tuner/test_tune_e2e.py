@@ -89,7 +89,7 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
             "local",
             "local",
             CPU,
-            builder_options={"codegen": fault_codegen, "timeout_s": 20},
+            builder_options={"codegen": fault_codegen, "timeout_s": 8},
             runner_options={"timeout_s": 3},
         ) as m:
             tuner = TaskTuner(task, db, m, optuna_storage(url), "random", seed=1)
