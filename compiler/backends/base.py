@@ -31,7 +31,7 @@ class Backend(ABC):
     - ``name`` equals the ``Target.kind`` the backend compiles for. A sketch's identity in the tuning
       database is ``(backend name, sketch name, sketch version)``: the target key of a record names the
       backend, so changing one backend's sketches never invalidates another backend's records.
-    - ``sketches()`` lists the backend's sketches in the order :meth:`sketch_for` tries them; names are
+    - ``sketch_classes`` lists the backend's sketches in the order :meth:`sketch_for` tries them; names are
       unique within the backend. A group kind no sketch applies to cannot be compiled for the target
       (``sketch_for`` raises a KilnError naming the group; the CUDA backend has no sketch for opaque groups).
     - ``lower(func, unroll=True)`` turns a scheduled, block-structured ``PrimFunc`` into the block-free
@@ -46,9 +46,14 @@ class Backend(ABC):
     """
 
     name: str = "backend"
+    sketch_classes: tuple[type[Sketch], ...] = ()  # in the order sketch_for tries them
 
-    @abstractmethod
-    def sketches(self) -> Sequence[Sketch]: ...
+    def __init__(self) -> None:
+        self._sketches = tuple(cls() for cls in self.sketch_classes)
+
+    def sketches(self) -> Sequence[Sketch]:
+        """The backend's sketches (one instance of each of ``sketch_classes``)."""
+        return self._sketches
 
     @abstractmethod
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc: ...

@@ -12,7 +12,6 @@ from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
 from compiler.backends.cpu.sketches.generic import CpuGenericSketch
 from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
 from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
-from compiler.backends.sketch import Sketch
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.runtime.executor import CompiledModel
@@ -22,17 +21,7 @@ from compiler.te import TEProgram, compute, lower, placeholder
 
 class CpuBackend(Backend):
     name = "cpu"
-
-    def __init__(self) -> None:
-        self._sketches = (
-            CpuPointwiseSketch(),
-            CpuReductionSketch(),
-            CpuContractionSketch(),
-            CpuGenericSketch(),
-        )
-
-    def sketches(self) -> Sequence[Sketch]:
-        return self._sketches
+    sketch_classes = (CpuPointwiseSketch, CpuReductionSketch, CpuContractionSketch, CpuGenericSketch)
 
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
         return lower_func(func, unroll)

@@ -41,11 +41,6 @@ CACHE = module_cache.ModuleCache()
 _loaded: dict[str, KernelLibrary] = {}
 
 
-def cache_dir() -> Path:
-    """The kernel cache directory (created if missing)."""
-    return CACHE.directory
-
-
 @functools.cache
 def compiler_id() -> str:
     """gcc's full version and target triple, part of every cache key."""

@@ -12,19 +12,13 @@ from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.backends.cuda.sketches.contraction import CudaContractionSketch
 from compiler.backends.cuda.sketches.pointwise import CudaPointwiseSketch, copy_func
 from compiler.backends.cuda.sketches.reduction import CudaReductionSketch
-from compiler.backends.sketch import Sketch
 from compiler.loopir.stmt import PrimFunc
 from compiler.target import Target
 
 
 class CudaBackend(Backend):
     name = "cuda"
-
-    def __init__(self) -> None:
-        self._sketches = (CudaPointwiseSketch(), CudaReductionSketch(), CudaContractionSketch())
-
-    def sketches(self) -> Sequence[Sketch]:
-        return self._sketches
+    sketch_classes = (CudaPointwiseSketch, CudaReductionSketch, CudaContractionSketch)
 
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
         return lower_gpu_func(func, unroll)

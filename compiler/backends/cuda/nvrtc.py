@@ -40,11 +40,6 @@ CACHE = module_cache.ModuleCache("cuda")
 _modules: dict[str, CudaModule] = {}
 
 
-def cache_dir() -> Path:
-    """The cubin cache directory (created if missing)."""
-    return CACHE.directory
-
-
 def cache_key(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> str:
     """The cache key of ``source`` compiled for ``arch`` with ``options``."""
     return module_cache.cache_key(source, options, arch, CODEGEN_VERSION)
