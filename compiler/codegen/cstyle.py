@@ -6,9 +6,12 @@ the buffer's strides and simplified under the enclosing loops' ranges. The print
 (renaming only on clashes), one statement per line, two-space indentation.
 
 Subclasses override the hooks (``param_decl``, ``signature``, ``emit_parallel``, ``emit_thread_loop``,
-``emit_vector_loop``, ``emit_store``, ``vector_expr``, ``alloc_lines``, ``barrier_line``, ``math_call``,
-``restrict``) to fit a target. The printer decides nothing: the backends' loop-IR passes run before it
-(register promotion, ``compiler.loopir.promote``; the C target's vectorization). A local allocation
+``emit_vector_loop``, ``emit_store``, ``vector_store``, ``vector_expr``, ``vector_type``, ``extract_lane``,
+``alloc_lines``, ``barrier_line``, ``math_call``, ``restrict``) to fit a target. The printer decides nothing:
+the backends' loop-IR passes run before it (register promotion, ``compiler.loopir.promote``; the C target's
+vectorization; the CUDA target's vector accesses). A ``LetStmt`` is ``const T name = value;`` followed by
+its body (the name stays taken until the function ends, as the C declaration lives on to the end of its
+block). A local allocation
 annotated ``promote`` is declared as scalar or vector variables (``acc_0, acc_1``; element k of a buffer
 promoted with W lanes per variable is ``acc_{k / W}[k % W]``), whose accesses have constant indices.
 """
@@ -30,11 +33,13 @@ from compiler.loopir.expr import (
     Compare,
     Const,
     Expr,
+    ExtractLane,
     Load,
     Logical,
     Select,
     Var,
     const,
+    element_dtype,
     lanes_of,
     substitute,
 )
@@ -48,6 +53,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    LetStmt,
     PrimFunc,
     SeqStmt,
     Stmt,
@@ -122,6 +128,9 @@ class CStylePrinter:
 
     def vector_expr(self, e: Expr) -> str:
         raise CompileError(f"expression of vector type {e.dtype}: this target has no vectors")
+
+    def extract_lane(self, e: ExtractLane) -> str:
+        raise CompileError(f"lane {e.lane} of a {e.value.dtype}: this target has no lane extracts")
 
     def alloc_lines(self, buf: Buffer, name: str) -> tuple[list[str], list[str]]:
         """Lines that declare ``buf`` before its body and release it after."""
@@ -235,6 +244,8 @@ class CStylePrinter:
             self.emit_if(s)
         elif isinstance(s, Allocate):
             self.emit_allocate(s)
+        elif isinstance(s, LetStmt):
+            self.emit_let(s)
         elif isinstance(s, Evaluate):
             self.line(f"(void){self.expr(s.expr)};")
         elif isinstance(s, Barrier):
@@ -324,6 +335,17 @@ class CStylePrinter:
         for text in after:
             self.line(text)
 
+    def emit_let(self, s: LetStmt) -> None:
+        lanes = lanes_of(s.var.dtype)
+        t = c_type(s.var.dtype) if lanes == 1 else self.vector_type(element_dtype(s.var.dtype), lanes)
+        name = self.names.fresh(s.var.name)
+        self.line(f"const {t} {name} = {self.top(s.value)};")
+        self.var_names[s.var] = name
+        try:
+            self.stmt(s.body)
+        finally:
+            del self.var_names[s.var]
+
     # ------------------------------------------------------------ expressions
     def simplified(self, e: Expr) -> Expr:
         if self.consts:
@@ -381,11 +403,7 @@ class CStylePrinter:
         if lanes_of(e.dtype) > 1:
             return self.vector_expr(e)
         if isinstance(e, Var):
-            if e in self.consts:
-                return const_literal(const(self.consts[e], e.dtype))
-            if e not in self.var_names:
-                raise CompileError(f"variable '{e.name}' is used outside the loop that defines it")
-            return self.var_names[e]
+            return self.var(e)
         if isinstance(e, Const):
             return const_literal(e)
         if isinstance(e, Load):
@@ -407,7 +425,17 @@ class CStylePrinter:
             return f"(({c_type(e.dtype)}){self.expr(e.value)})"
         if isinstance(e, Call):
             return self.math_call(e.name, [self.expr(a) for a in e.args], e.dtype)
+        if isinstance(e, ExtractLane):
+            return self.extract_lane(e)
         raise CompileError(f"cannot generate code for expression {type(e).__name__}")
+
+    def var(self, e: Var) -> str:
+        """The C name of a loop or let variable (a loop variable bound to a constant: the constant)."""
+        if e in self.consts:
+            return const_literal(const(self.consts[e], e.dtype))
+        if e not in self.var_names:
+            raise CompileError(f"variable '{e.name}' is used outside the statement that defines it")
+        return self.var_names[e]
 
     def nonneg(self, e: Expr) -> bool:
         r = simp.bound(e, self.ranges)

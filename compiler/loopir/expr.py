@@ -10,7 +10,8 @@ their lane count in the dtype: ``"float32x16"`` is 16 lanes of float32 (:func:`v
 in lane ``k``, :class:`Broadcast` one scalar in every lane, :class:`MakeVector` lanes given one by one
 (a gather), and a ``Load`` with ``lanes > 1`` reads that many consecutive elements (row-major) from the
 element its indices name. Binary, Compare, Logical, Select, Cast and Call apply lane by lane; a Select may
-have a scalar condition.
+have a scalar condition. :class:`ExtractLane` is one lane of a vector (e.g. of a vector variable bound by a
+``LetStmt``, as the CUDA vector-access pass makes them).
 """
 
 from __future__ import annotations
@@ -218,6 +219,18 @@ class MakeVector(Expr):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class ExtractLane(Expr):
+    """Lane ``lane`` of the vector ``value`` (a scalar of the vector's element dtype)."""
+
+    value: Expr
+    lane: int
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return element_dtype(self.value.dtype)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class IterVar:
     """An iteration variable with extent [0, extent) and a kind: 'S' (spatial) or 'R' (reduce)."""
 
@@ -374,6 +387,8 @@ def children(e: Expr) -> Sequence[Expr]:
         return (e.value,)
     if isinstance(e, MakeVector):
         return e.elems
+    if isinstance(e, ExtractLane):
+        return (e.value,)
     return ()
 
 
@@ -413,6 +428,8 @@ def rebuild(e: Expr, kids: Sequence[Expr]) -> Expr:
         return Broadcast(kids[0], e.lanes)
     if isinstance(e, MakeVector):
         return MakeVector(tuple(kids))
+    if isinstance(e, ExtractLane):
+        return ExtractLane(kids[0], e.lane)
     return e
 
 
@@ -501,7 +518,7 @@ def structural_equal(a: Expr, b: Expr, vars_map: dict[Var, Var] | None = None) -
         return vars_map is not None and vars_map.get(a) is b
     if isinstance(a, Const):
         return a.value == b.value or (a.value != a.value and b.value != b.value)  # type: ignore[attr-defined]
-    for attr in ("op", "name", "combiner"):
+    for attr in ("op", "name", "combiner", "lane"):
         if getattr(a, attr, None) != getattr(b, attr, None):
             return False
     if isinstance(a, Load) and a.buffer is not b.buffer:  # type: ignore[attr-defined]

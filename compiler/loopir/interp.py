@@ -26,6 +26,7 @@ from compiler.loopir.expr import (
     Compare,
     Const,
     Expr,
+    ExtractLane,
     Load,
     Logical,
     Select,
@@ -40,6 +41,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    LetStmt,
     PrimFunc,
     SeqStmt,
     Stmt,
@@ -86,15 +88,17 @@ def _trunc_div(a: int, b: int) -> int:
     return q if (a >= 0) == (b >= 0) else -q
 
 
-_SCALAR_ONLY = (
-    "the interpreters run scalar loop IR (what Backend.lower returns); vector expressions are made by "
-    "code generation's vectorization pass"
+SCALAR_ONLY = (
+    "the interpreters run scalar loop IR (what Backend.lower returns); vector expressions, let-bindings and "
+    "lane extracts are made by code generation's passes (vectorization, CUDA vector accesses)"
 )
 
 
 def compile_expr(e: Expr) -> Callable[[Env], Any]:
     if lanes_of(e.dtype) > 1:
-        raise InterpError(f"cannot interpret {e!r} of dtype {e.dtype}: " + _SCALAR_ONLY)
+        raise InterpError(f"cannot interpret {e!r} of dtype {e.dtype}: " + SCALAR_ONLY)
+    if isinstance(e, ExtractLane):
+        raise InterpError(f"cannot interpret the lane extract {e!r}: " + SCALAR_ONLY)
     if isinstance(e, Const):
         v = _np_scalar(e.dtype)(e.value)
         return lambda env: v
@@ -265,6 +269,8 @@ def compile_stmt(s: Stmt) -> Callable[[Env], None]:
     if isinstance(s, Evaluate):
         fn = compile_expr(s.expr)
         return lambda env: (fn(env), None)[1]
+    if isinstance(s, LetStmt):
+        raise InterpError(f"cannot interpret the let-binding of {s.var.name}: " + SCALAR_ONLY)
     if isinstance(s, Block):
         raise InterpError(f"block {s.name} is still present: lower the function before interpreting it")
     raise InterpError(f"cannot interpret statement {type(s).__name__}")

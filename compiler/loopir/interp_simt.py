@@ -34,6 +34,7 @@ from compiler import dtypes
 from compiler.loopir.expr import (
     Var,
 )
+from compiler.loopir.interp import SCALAR_ONLY
 from compiler.loopir.interp_simt_expr import Fn, _err, _expr, _full, _indices, _raise_if
 from compiler.loopir.stmt import (
     Allocate,
@@ -43,6 +44,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    LetStmt,
     SeqStmt,
     Stmt,
     walk_stmts,
@@ -189,6 +191,8 @@ def _stmt(s: Stmt) -> Fn:
     if isinstance(s, Evaluate):
         fn = _expr(s.expr)
         return lambda ctx, act: (fn(ctx, act) if len(act) else None, None)[1]
+    if isinstance(s, LetStmt):
+        raise _err(f"cannot interpret the let-binding of {s.var.name}: " + SCALAR_ONLY)
     if isinstance(s, Block):
         raise _err(f"block {s.name} is still present: lower the function before interpreting it")
     raise _err(f"cannot interpret statement {type(s).__name__}")

@@ -19,12 +19,14 @@ from compiler.loopir.expr import (
     Compare,
     Const,
     Expr,
+    ExtractLane,
     Load,
     Logical,
     Select,
     Var,
     lanes_of,
 )
+from compiler.loopir.interp import SCALAR_ONLY, InterpError
 
 if TYPE_CHECKING:
     from compiler.loopir.interp_simt import _Ctx
@@ -34,8 +36,6 @@ Fn = Callable[["_Ctx", np.ndarray], Any]
 
 
 def _err(msg: str) -> Exception:
-    from compiler.loopir.interp import InterpError
-
     return InterpError(msg)
 
 
@@ -89,10 +89,9 @@ def _np_dtype(dtype: str) -> np.dtype:
 
 def _expr(e: Expr) -> Fn:
     if lanes_of(e.dtype) > 1:
-        raise _err(
-            f"cannot interpret {e!r} of dtype {e.dtype}: the interpreters run scalar loop IR (what "
-            "Backend.lower returns); vector expressions are made by code generation's vectorization pass"
-        )
+        raise _err(f"cannot interpret {e!r} of dtype {e.dtype}: " + SCALAR_ONLY)
+    if isinstance(e, ExtractLane):
+        raise _err(f"cannot interpret the lane extract {e!r}: " + SCALAR_ONLY)
     if isinstance(e, Const):
         v = _scalar(e)
         return lambda ctx, act: v

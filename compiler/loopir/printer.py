@@ -22,6 +22,7 @@ from compiler.loopir.expr import (
     Compare,
     Const,
     Expr,
+    ExtractLane,
     Load,
     Logical,
     MakeVector,
@@ -39,6 +40,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    LetStmt,
     PrimFunc,
     SeqStmt,
     Stmt,
@@ -89,6 +91,8 @@ def expr_str(e: Expr) -> str:
         return f"broadcast({expr_str(e.value)}, {e.lanes})"
     if isinstance(e, MakeVector):
         return f"vector({', '.join(expr_str(x) for x in e.elems)})"
+    if isinstance(e, ExtractLane):
+        return f"lane({expr_str(e.value)}, {e.lane})"
     if isinstance(e, Reduce):
         axes = ", ".join(f"{iv.var.name}:{iv.extent}" for iv in e.axis)
         return f"reduce_{e.combiner}({expr_str(e.source)}, axis=[{axes}])"
@@ -151,6 +155,9 @@ def _lines(s: Stmt, depth: int, out: list[str]) -> None:
         b = s.buffer
         notes = "".join(f" {k}={v}" for k, v in s.annotations.items())
         out.append(f"{pad}alloc {b.name}[{', '.join(map(str, b.shape))}] : {b.dtype} ({b.scope}){notes}")
+        _lines(s.body, depth, out)
+    elif isinstance(s, LetStmt):
+        out.append(f"{pad}let {s.var.name}: {s.var.dtype} = {expr_str(s.value)}")
         _lines(s.body, depth, out)
     elif isinstance(s, Evaluate):
         out.append(pad + expr_str(s.expr))

@@ -23,6 +23,7 @@ from compiler.loopir.expr import (
     Compare,
     Const,
     Expr,
+    ExtractLane,
     Load,
     Logical,
     Select,
@@ -46,7 +47,10 @@ def key(e: Expr) -> tuple:
     if isinstance(e, Const):
         return ("c", e.dtype, e.value)
     if isinstance(e, Load):
-        return ("load", e.buffer.uid, *(key(i) for i in e.indices))
+        lanes = () if e.lanes == 1 else (("lanes", e.lanes),)
+        return ("load", e.buffer.uid, *lanes, *(key(i) for i in e.indices))
+    if isinstance(e, ExtractLane):
+        return ("lane", e.lane, key(e.value))
     tag = (type(e).__name__, getattr(e, "op", None), getattr(e, "name", None), e.dtype)
     return (*tag, *(key(c) for c in children(e)))
 

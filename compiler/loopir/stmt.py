@@ -125,6 +125,17 @@ class Allocate(Stmt):
 
 
 @dataclass(eq=False, repr=False)
+class LetStmt(Stmt):
+    """``var`` (a scalar or vector variable) holds ``value`` while ``body`` runs. Made only by code
+    generation's passes (the CUDA vector-access pass binds vector loads and store operands); lowered IR
+    and the interpreters never see one."""
+
+    var: Var
+    value: Expr
+    body: Stmt
+
+
+@dataclass(eq=False, repr=False)
 class Evaluate(Stmt):
     """An intrinsic evaluated for its effect."""
 
@@ -167,7 +178,7 @@ class PrimFunc:
 # visitors and mutators of ``compiler.loopir.visitor`` are built on these three functions.
 def stmt_children(s: Stmt) -> list[Stmt]:
     """The statements directly under ``s``, in execution order (a Block's init before its body)."""
-    if isinstance(s, (For, Allocate)):
+    if isinstance(s, (For, Allocate, LetStmt)):
         return [s.body]
     if isinstance(s, Block):
         return [s.body] if s.init is None else [s.init, s.body]
@@ -186,6 +197,8 @@ def stmt_exprs(s: Stmt) -> list[Expr]:
         return [s.cond]
     if isinstance(s, Evaluate):
         return [s.expr]
+    if isinstance(s, LetStmt):
+        return [s.value]
     if isinstance(s, Block):
         return list(s.bindings) if s.predicate is None else [*s.bindings, s.predicate]
     return []
@@ -211,6 +224,8 @@ def rebuild_stmt(s: Stmt, kids: list[Stmt], exprs: list[Expr]) -> Stmt:
         return BufferStore(s.buffer, tuple(exprs[:-1]), exprs[-1])
     if isinstance(s, Evaluate):
         return Evaluate(exprs[0])
+    if isinstance(s, LetStmt):
+        return LetStmt(s.var, exprs[0], kids[0])
     if isinstance(s, Block):
         n = len(s.bindings)
         return Block(

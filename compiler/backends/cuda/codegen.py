@@ -15,10 +15,14 @@ launched in order (:func:`kernel_names`).
   inside a kernel is a CompileError.
 * ``Barrier`` -> ``__syncthreads()``; ``warp_reduce_sum/max/min(v, w)`` -> an xor-shuffle butterfly over
   aligned groups of ``w`` lanes (``__shfl_xor_sync`` with the group's mask).
-* ``vectorized`` loops (and the straight-line statements unrolling leaves) are expanded, and loads and
-  stores of float32 global/shared memory at 4 (or 2) consecutive indices whose base is provably a
-  multiple of 4 (2) become one ``float4`` (``float2``) access. A vectorized loop whose body is guarded by a
-  condition linear in the lane runs a vector path when the first and last lanes pass, else a scalar one.
+* Before printing, :func:`prepare` runs the target's loop-IR passes on each kernel
+  (``compiler.backends.cuda.vector_access``, ``compiler.loopir.promote``): ``vectorized`` loops (extent up
+  to 16) are expanded into straight-line code (a body guarded by a condition linear in the lane runs a
+  vector path when the first and last lanes pass, else a scalar one), local buffers are promoted to
+  registers, and loads and stores of float32 global/shared memory at 4 (or 2) consecutive indices of
+  straight-line code whose base is provably a multiple of 4 (2) become vector accesses. The printer writes
+  those as ``const float4 v = *reinterpret_cast<const float4*>(&x[i]);`` (lanes ``v.x .. v.w``) and
+  ``*reinterpret_cast<float4*>(&y[i]) = make_float4(st, st_1, st_2, st_3);``.
 * Math keeps the op's semantics: ``expf logf sqrtf rsqrtf tanhf erff`` (never ``__expf`` & co. unless
   ``fast_math`` is asked for); min/max are ``fminf``/``fmaxf`` (a NaN operand yields the other one).
 """
@@ -33,12 +37,22 @@ from typing import Any
 from compiler import dtypes
 from compiler.backends.cuda import lower as lower_cuda
 from compiler.backends.cuda.prelude import render_prelude
-from compiler.backends.cuda.vector_access import VectorPlan, expand_vector_loops, lane_split, uses_var
+from compiler.backends.cuda.vector_access import expand_vector_loops, uses_var, vectorize_accesses
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
-from compiler.loopir import simplify as simp
-from compiler.loopir.expr import Binary, Call, Const, Expr
+from compiler.loopir.expr import (
+    Binary,
+    Call,
+    Const,
+    Expr,
+    ExtractLane,
+    Load,
+    MakeVector,
+    Var,
+    element_dtype,
+    lanes_of,
+)
 from compiler.loopir.promote import promote_locals
 from compiler.loopir.stmt import (
     Allocate,
@@ -47,20 +61,21 @@ from compiler.loopir.stmt import (
     BufferStore,
     For,
     PrimFunc,
-    SeqStmt,
     Stmt,
     walk_stmts,
 )
 
-CODEGEN_VERSION = "cuda-1"  # bump when generated code changes meaning (part of the build cache key)
+CODEGEN_VERSION = "cuda-2"  # bump when generated code changes meaning (part of the build cache key)
 STATIC_SHARED_LIMIT = 48 * 1024
+LANES = "xyzw"
 
 
 def prepare(kernel: Stmt) -> Stmt:
     """The CUDA target's loop-IR passes on one kernel before printing: vectorized loops expanded into
     straight-line code (``expand_vector_loops``), local buffers promoted to registers
-    (``compiler.loopir.promote``)."""
-    return promote_locals(expand_vector_loops(kernel))
+    (``compiler.loopir.promote``), aligned consecutive float32 accesses of straight-line code made
+    ``float4``/``float2`` accesses (``vectorize_accesses``)."""
+    return vectorize_accesses(promote_locals(expand_vector_loops(kernel)))
 
 
 def kernel_names(func: PrimFunc) -> list[str]:
@@ -93,7 +108,6 @@ class CudaPrinter(CStylePrinter):
     def _reset(self, func: PrimFunc | None) -> None:
         super()._reset(func)
         self.dims: dict[str, int] = {}
-        self.vec_map: dict[tuple[int, tuple], str] = {}
         self.smem_offset = 0
         self.dynamic = False
         self.threads = 1
@@ -246,60 +260,37 @@ class CudaPrinter(CStylePrinter):
             return [f"{t} {name}[{n}];"], []
         raise CompileError(f"buffer {buf.name}: global scratch cannot be allocated inside a kernel")
 
-    def stmt(self, s: Stmt) -> None:
-        if isinstance(s, SeqStmt):
-            self._emit_seq(s.stmts)
-            return
-        if isinstance(s, BufferStore):
-            self._emit_run([s])
-            return
-        super().stmt(s)
+    # ---------------------------------------------------------------- vectors
+    def vector_type(self, dtype: str, lanes: int) -> str:
+        if dtype != "float32" or lanes not in (2, 4):
+            raise CompileError(f"the CUDA target has no vectors of {lanes} x {dtype} (float2/float4 only)")
+        return f"float{lanes}"
 
-    def _emit_seq(self, stmts: list[Stmt]) -> None:
-        i = 0
-        while i < len(stmts):
-            if isinstance(stmts[i], BufferStore):
-                j = i
-                while j < len(stmts) and isinstance(stmts[j], BufferStore):
-                    j += 1
-                self._emit_run(stmts[i:j])  # type: ignore[arg-type]
-                i = j
-            else:
-                super().stmt(stmts[i])
-                i += 1
+    def vector_expr(self, e: Expr) -> str:
+        """A vector variable, a vector load (``*reinterpret_cast<const float4*>(&buf[i])``) or
+        ``make_float4(...)``: the nodes ``vectorize_accesses`` makes."""
+        w = lanes_of(e.dtype)
+        vt = self.vector_type(element_dtype(e.dtype), w)
+        if isinstance(e, Var):
+            return self.var(e)
+        if isinstance(e, Load) and e.buffer.scope != "local":
+            flat = self.flat_index(e.buffer, e.indices)
+            return f"*reinterpret_cast<const {vt}*>(&{self.buf_name(e.buffer)}[{self.top(flat)}])"
+        if isinstance(e, MakeVector):
+            return f"make_{vt}({', '.join(self.top(x) for x in e.elems)})"
+        raise CompileError(f"the CUDA target cannot print the vector expression {e!r}")
 
-    # ------------------------------------------------------ vector accesses
-    def _emit_run(self, run: list[BufferStore]) -> None:
-        """Straight-line stores: combine aligned consecutive float32 loads and stores into float4/2."""
-        plan = VectorPlan(self, run)
-        saved = dict(self.vec_map)
-        try:
-            for r, st in enumerate(run):
-                for text, entries in plan.loads_at.get(r, []):
-                    self.line(text)
-                    self.vec_map.update(entries)
-                group = plan.store_of.get(r)
-                if group is None:
-                    self.line(f"{self.store_target(st.buffer, st.indices)} = {self.top(st.value)};")
-                    continue
-                tmp = self.names.fresh("st")
-                self.line(f"const {c_type(st.buffer.dtype)} {tmp} = {self.top(st.value)};")
-                group.temps[r] = tmp
-                if r == group.last:
-                    vals = ", ".join(group.temps[k] for k in group.order)
-                    vt = f"float{group.width}"
-                    target = f"&{self.buf_name(st.buffer)}[{group.base}]"
-                    self.line(f"*reinterpret_cast<{vt}*>({target}) = make_{vt}({vals});")
-        finally:
-            self.vec_map = saved
+    def vector_store(self, s: BufferStore) -> str:
+        vt = self.vector_type(element_dtype(s.value.dtype), lanes_of(s.value.dtype))
+        if s.buffer.scope == "local":
+            raise CompileError(f"vector store to the local buffer {s.buffer.name}: the CUDA target has none")
+        target = f"&{self.buf_name(s.buffer)}[{self.top(self.flat_index(s.buffer, s.indices))}]"
+        return f"*reinterpret_cast<{vt}*>({target}) = {self.expr(s.value)}"
 
-    def access(self, buf: Buffer, indices: tuple[Expr, ...]) -> str:
-        if self.vec_map and buf.scope != "local":
-            flat = self.flat_index(buf, indices)
-            hit = self.vec_map.get((buf.uid, simp.key(lane_split(flat, self.ranges))))
-            if hit is not None:
-                return hit
-        return super().access(buf, indices)
+    def extract_lane(self, e: ExtractLane) -> str:
+        if not 0 <= e.lane < 4:
+            raise CompileError(f"lane {e.lane} of a {e.value.dtype}: CUDA vectors have lanes x, y, z, w")
+        return f"{self.expr(e.value)}.{LANES[e.lane]}"
 
     # ------------------------------------------------------------ expressions
     def expr(self, e: Expr) -> str:

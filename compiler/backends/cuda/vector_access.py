@@ -1,28 +1,35 @@
-"""Vector accesses for the CUDA printer: expansion of vectorized loops, and the plan that turns aligned
+"""The CUDA target's vector-access passes on one kernel's loop IR (run by ``codegen.prepare`` before
+printing): expansion of vectorized loops into straight-line code, and the rewrite that turns aligned
 consecutive float32 loads/stores of straight-line code into ``float4``/``float2`` accesses.
 
-A group of loads of one global/shared buffer whose flat indices are ``base + 0 .. base + W-1`` (same
-symbolic terms, constants 0..W-1 apart) becomes one vector load when ``base`` is provably a multiple of
-W (``_aligned``: every term's coefficient or atom is divisible, including ``(W*c) % C`` with ``C % W == 0``
-after ``_lane_split`` moved the lane offset out of a modulo). Loads are hoisted to their first use and only
-from buffers the run does not store; stores are grouped when the buffer is neither read nor stored at
-indices of another form in the run, and the vector store is issued at the last member.
+:func:`vectorize_accesses` looks at each run of consecutive stores. A group of loads of one global/shared
+buffer whose flat indices are ``base + 0 .. base + W-1`` (same symbolic terms, constants 0..W-1 apart)
+becomes one vector load when ``base`` is provably a multiple of W (``_aligned``: every term's coefficient
+or atom is divisible, including ``(W*c) % C`` with ``C % W == 0`` after ``lane_split`` moved the lane
+offset out of a modulo). Loads are hoisted to their first use and only from buffers the run does not store;
+stores are grouped when the buffer is neither read nor stored at indices of another form in the run, and
+the vector store is issued at the last member. The result is plain loop IR: ``LetStmt(v, Load(buf, i,
+lanes=W))``, ``ExtractLane(v, k)``, ``LetStmt(st, value)`` and ``BufferStore(buf, i, MakeVector(st...))``,
+which the printer writes as ``float4``/``float2`` code.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from compiler import dtypes
+from compiler.backends.cuda import lower as lower_cuda
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import (
     Binary,
     Compare,
     Const,
     Expr,
+    ExtractLane,
     Load,
     Logical,
+    MakeVector,
     Select,
     Var,
     children,
@@ -30,6 +37,7 @@ from compiler.loopir.expr import (
     free_vars,
     rebuild,
     substitute,
+    vector_dtype,
     walk,
 )
 from compiler.loopir.stmt import (
@@ -37,18 +45,17 @@ from compiler.loopir.stmt import (
     BufferStore,
     For,
     IfThenElse,
+    LetStmt,
+    SeqStmt,
     Stmt,
     seq,
     stmt_exprs,
     walk_stmts,
 )
-from compiler.loopir.visitor import post_order, substitute_stmt
+from compiler.loopir.visitor import StmtExprMutator, StmtMutator, post_order, substitute_stmt, with_body
 
-if TYPE_CHECKING:
-    from compiler.backends.cuda.codegen import CudaPrinter
-
+T = TypeVar("T")
 EXPAND_LIMIT = 16  # vectorized loops up to this extent are expanded into straight-line code
-LANES = "xyzw"
 
 
 def expand_vector_loops(s: Stmt) -> Stmt:
@@ -136,59 +143,167 @@ def lane_split(e: Expr, ranges: dict) -> Expr:
     return simp.simplify(e, ranges) if isinstance(e, Binary) else e
 
 
+def vectorize_accesses(kernel: Stmt) -> Stmt:
+    """Rewrite every straight-line run of stores of ``kernel`` (one CUDA kernel, after
+    :func:`expand_vector_loops` and register promotion) so that aligned consecutive float32 loads and
+    stores become vector accesses (see the module docstring). A vector load is bound by a ``LetStmt``
+    (``v: float32x4 = buf[i : +4]``) placed before the first statement that reads one of its lanes, and
+    those reads become ``ExtractLane(v, k)``; each member of a vector store binds its value to a scalar
+    (``st``) and the last one is followed by ``buf[i : +4] = vector(st, st_1, ...)``."""
+    return _AccessVectorizer(lower_cuda.thread_dims(kernel)).visit_stmt(kernel)
+
+
 class _StoreGroup:
-    def __init__(self, width: int, base: str, order: list[int]) -> None:
+    def __init__(self, width: int, indices: tuple[Expr, ...], order: list[int]) -> None:
         self.width = width
-        self.base = base
+        self.indices = indices  # of lane 0
         self.order = order  # statement index of lane 0, 1, ...
         self.last = max(order)
-        self.temps: dict[int, str] = {}
+        self.temps: dict[int, Var] = {}
 
 
-class VectorPlan:
-    """Which loads of a straight-line run become vector loads (and where), which stores vector stores."""
+class _AccessVectorizer(StmtMutator):
+    """Finds the runs as the CUDA printer walks the kernel (a sequence's maximal runs of consecutive
+    stores; a store elsewhere is a run of one) and knows the loop ranges and constants in scope there, so
+    index arithmetic is simplified exactly as the printer will print it."""
 
-    def __init__(self, p: CudaPrinter, run: list[BufferStore]) -> None:
-        self.loads_at: dict[int, list[tuple[str, dict]]] = {}
-        self.store_of: dict[int, _StoreGroup] = {}
+    def __init__(self, dims: dict[str, int]) -> None:
+        self.dims = dims
+        self.ranges: dict[Var, tuple[int, int]] = {}
+        self.consts: dict[Var, Expr] = {}
+
+    # ------------------------------------------------------------- scopes
+    def visit_For(self, s: For) -> Stmt:
+        if s.extent <= 0:
+            return s
+        tag = s.thread or ""
+        if s.kind == "thread":  # the printer's thread loops: one of extent 1 under a wider axis is thread 0
+            fixed = not tag.startswith("blockIdx") and s.extent == 1 and self.dims.get(tag, 1) > 1
+        else:
+            fixed = s.extent == 1  # printed once with the variable a constant
+        old = self.ranges.get(s.var), self.consts.get(s.var)
+        self.ranges[s.var] = (0, 0) if fixed else (0, s.extent - 1)
+        if fixed:
+            self.consts[s.var] = const(0, s.var.dtype)
+        try:
+            body = self.visit_stmt(s.body)
+        finally:
+            for table, prev in ((self.ranges, old[0]), (self.consts, old[1])):
+                if prev is None:
+                    table.pop(s.var, None)
+                else:
+                    table[s.var] = prev  # type: ignore[assignment]
+        return with_body(s, body)
+
+    def visit_SeqStmt(self, s: SeqStmt) -> Stmt:
+        out: list[Stmt] = []
+        run: list[BufferStore] = []
+        for x in [*s.stmts, None]:
+            if isinstance(x, BufferStore):
+                run.append(x)
+                continue
+            if run:
+                out.append(self.vectorize_run(run))
+                run = []
+            if isinstance(x, SeqStmt):  # a nested sequence: the printer takes its statements one by one
+                out.extend(self.visit_stmt(y) for y in x.stmts)
+            elif x is not None:
+                out.append(self.visit_stmt(x))
+        if len(out) == len(s.stmts) and all(a is b for a, b in zip(out, s.stmts)):
+            return s
+        return SeqStmt(out)
+
+    def visit_BufferStore(self, s: BufferStore) -> Stmt:
+        return self.vectorize_run([s])
+
+    # --------------------------------------------------------------- runs
+    def flat(self, buf: Buffer, indices: tuple[Expr, ...]) -> Expr:
+        """The flat index of an access as the printer simplifies it (constants substituted)."""
+        if self.consts:
+            indices = tuple(substitute(i, self.consts) for i in indices)  # type: ignore[arg-type]
+        return simp.flat_index(buf, indices, self.ranges)
+
+    def split_flat(self, buf: Buffer, indices: tuple[Expr, ...]) -> tuple[tuple | None, int, Expr]:
+        """(symbolic terms, constant offset, flat index) of an access, the lane offset moved out of
+        modulos (``lane_split``); terms None when the index is not affine."""
+        flat = lane_split(self.flat(buf, indices), self.ranges)
+        try:
+            aff = simp.to_affine(flat, self.ranges)
+        except Exception:
+            return None, 0, flat
+        terms = tuple(sorted((k, c) for k, (_, c) in aff.terms.items()))
+        return terms, aff.const, flat
+
+    def vectorize_run(self, run: list[BufferStore]) -> Stmt:
+        loads_at = self.vector_loads(run)
+        store_of = self.vector_stores(run)
+        if not loads_at and not store_of:
+            return seq(*run)
+        lanes: dict[tuple, Expr] = {}  # (buffer uid, key of the lane's flat index) -> ExtractLane
+        events: list[Stmt | tuple[Var, Expr]] = []
+        for r, st in enumerate(run):
+            for var, value, entries in loads_at.get(r, []):
+                events.append((var, value))
+                lanes.update(entries)
+            if lanes:
+                st = _UseLanes(self, lanes).visit_stmt(st)  # type: ignore[assignment]
+            group = store_of.get(r)
+            if group is None:
+                events.append(st)
+                continue
+            tmp = Var("st", st.value.dtype)
+            events.append((tmp, st.value))
+            group.temps[r] = tmp
+            if r == group.last:
+                vector = MakeVector(tuple(group.temps[k] for k in group.order))
+                events.append(BufferStore(st.buffer, group.indices, vector))
+        body: Stmt | None = None
+        for ev in reversed(events):
+            if isinstance(ev, tuple):
+                body = LetStmt(ev[0], ev[1], body if body is not None else SeqStmt([]))
+            else:
+                body = ev if body is None else seq(ev, body)
+        assert body is not None
+        return body
+
+    def vector_loads(self, run: list[BufferStore]) -> dict[int, list[tuple[Var, Expr, dict[tuple, Expr]]]]:
+        """Statement index -> the vector loads bound before it (variable, load, the lanes they replace)."""
         stored = {st.buffer.uid for st in run}
-        loaded: set[int] = set()
-        cands: dict[tuple, dict[int, tuple[int, Expr]]] = {}  # (buf uid, terms key) -> const -> (stmt, flat)
-        bufs: dict[int, Buffer] = {}
+        cands: dict[tuple, dict[int, tuple[int, Expr, Load]]] = {}  # (buf uid, terms) -> const -> first
         for r, st in enumerate(run):
             for ld in _unconditional_loads(st):
-                loaded.add(ld.buffer.uid)
                 buf = ld.buffer
                 if buf.scope == "local" or buf.dtype != "float32" or buf.uid in stored:
                     continue
                 if any(isinstance(x, Load) for i in ld.indices for x in walk(i)):
                     continue
-                key, c, flat = _split_flat(p, buf, ld.indices)
-                if key is None:
+                key, c, flat = self.split_flat(buf, ld.indices)
+                if key is not None:
+                    cands.setdefault((buf.uid, key), {}).setdefault(c, (r, flat, ld))
+        out: dict[int, list[tuple[Var, Expr, dict[tuple, Expr]]]] = {}
+        for consts in cands.values():
+            for width, _, members in _windows(consts):
+                _, flat0, ld0 = members[0]
+                if not _aligned(flat0, width, self.ranges):
                     continue
-                bufs[buf.uid] = buf
-                cands.setdefault((buf.uid, key), {}).setdefault(c, (r, flat))
-        for (uid, _), consts in cands.items():
-            for width, _, lanes in _windows(consts):
-                flat0 = lanes[0][1]
-                if not _aligned(flat0, width, p.ranges):
-                    continue
-                name = p.names.fresh("v")
-                vt = f"float{width}"
-                src = f"&{p.buf_name(bufs[uid])}[{p.top(flat0)}]"
-                text = f"const {vt} {name} = *reinterpret_cast<const {vt}*>({src});"
-                entries = {(uid, simp.key(fl)): f"{name}.{LANES[k]}" for k, (_, fl) in enumerate(lanes)}
-                first = min(r for r, _ in lanes)
-                self.loads_at.setdefault(first, []).append((text, entries))
-        # stores
-        groups: dict[tuple, dict[int, tuple[int, Expr]]] = {}
+                var = Var("v", vector_dtype(ld0.buffer.dtype, width))
+                uid = ld0.buffer.uid
+                entries = {(uid, simp.key(fl)): ExtractLane(var, k) for k, (_, fl, _) in enumerate(members)}
+                first = min(r for r, _, _ in members)
+                out.setdefault(first, []).append((var, Load(ld0.buffer, ld0.indices, width), entries))
+        return out
+
+    def vector_stores(self, run: list[BufferStore]) -> dict[int, _StoreGroup]:
+        """Statement index -> the vector store it is a member of."""
+        loaded = {ld.buffer.uid for st in run for ld in _unconditional_loads(st)}
+        groups: dict[tuple, dict[int, tuple[int, Expr, BufferStore]]] = {}
         seen: set[tuple] = set()
         dup: set[int] = set()
         for r, st in enumerate(run):
             buf = st.buffer
             if buf.scope == "local" or buf.dtype != "float32" or buf.uid in loaded:
                 continue
-            key, c, flat = _split_flat(p, buf, st.indices)
+            key, c, flat = self.split_flat(buf, st.indices)
             if key is None:
                 dup.add(buf.uid)
                 continue
@@ -196,30 +311,38 @@ class VectorPlan:
             if ident in seen or any(u == buf.uid and k != key for u, k, _ in seen):
                 dup.add(buf.uid)  # stored twice, or at indices of another form: keep program order
             seen.add(ident)
-            groups.setdefault((buf.uid, key), {})[c] = (r, flat)
+            groups.setdefault((buf.uid, key), {})[c] = (r, flat, st)
+        out: dict[int, _StoreGroup] = {}
         for (uid, _), consts in groups.items():
             if uid in dup:
                 continue
-            for width, _, lanes in _windows(consts):
-                flat0 = lanes[0][1]
-                if not _aligned(flat0, width, p.ranges):
+            for width, _, members in _windows(consts):
+                _, flat0, st0 = members[0]
+                if not _aligned(flat0, width, self.ranges):
                     continue
-                g = _StoreGroup(width, p.top(flat0), [r for r, _ in lanes])
-                for r, _ in lanes:
-                    self.store_of[r] = g
+                g = _StoreGroup(width, st0.indices, [r for r, _, _ in members])
+                for r in g.order:
+                    out[r] = g
+        return out
 
 
-def _split_flat(p: CudaPrinter, buf: Buffer, indices: tuple[Expr, ...]) -> tuple[tuple | None, int, Expr]:
-    flat = lane_split(p.flat_index(buf, indices), p.ranges)
-    try:
-        aff = simp.to_affine(flat, p.ranges)
-    except Exception:
-        return None, 0, flat
-    terms = tuple(sorted((k, c) for k, (_, c) in aff.terms.items()))
-    return terms, aff.const, flat
+class _UseLanes(StmtExprMutator):
+    """Loads of a run that a bound vector load covers become lanes of its variable."""
+
+    def __init__(self, ctx: _AccessVectorizer, lanes: dict[tuple, Expr]) -> None:
+        self.ctx = ctx
+        self.lanes = lanes
+
+    def visit_Load(self, e: Load) -> Expr:
+        if e.buffer.scope != "local":
+            flat = lane_split(self.ctx.flat(e.buffer, e.indices), self.ctx.ranges)
+            hit = self.lanes.get((e.buffer.uid, simp.key(flat)))
+            if hit is not None:
+                return hit
+        return self.generic_visit_expr(e)
 
 
-def _windows(consts: dict[int, tuple[int, Expr]]) -> list[tuple[int, int, list[tuple[int, Expr]]]]:
+def _windows(consts: dict[int, T]) -> list[tuple[int, int, list[T]]]:
     """Aligned runs of 4 (else 2) consecutive constant offsets."""
     out = []
     used: set[int] = set()
