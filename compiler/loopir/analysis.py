@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from compiler.loopir.expr import Expr, Load, Var, free_vars, loads, substitute
-from compiler.loopir.simplify import Affine, affine_bound, from_affine, key, simplify, to_affine
+from compiler.loopir.simplify import Affine, affine_bound, from_affine, simplify, to_affine
 from compiler.loopir.stmt import (
     Allocate,
     Block,
@@ -183,6 +183,3 @@ def _zero() -> Expr:
 
     return const(0)
 
-
-def same_expr(a: Expr, b: Expr) -> bool:
-    return key(a) == key(b)

@@ -108,9 +108,6 @@ class Var(Expr):
     dtype: str = INDEX
     uid: int = field(default_factory=lambda: next(_ids))
 
-    def copy_with_suffix(self, suffix: str) -> Var:
-        return Var(f"{self.name}{suffix}", self.dtype)
-
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Const(Expr):

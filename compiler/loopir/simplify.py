@@ -9,7 +9,6 @@ the ranges decide are folded, so guards that always hold disappear.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -340,15 +339,6 @@ def _walk_vars(e: Expr):
     from compiler.loopir.expr import walk
 
     return (x for x in walk(e) if isinstance(x, Var))
-
-
-def is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def flat_index(buf: Buffer, indices: Sequence[Expr], ranges: Ranges | None = None) -> Expr:
