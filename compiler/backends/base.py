@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 class Backend(ABC):
     """One target kind (``Target.kind``): its sketches, lowering, code generation, module build and the
-    compiled-model class that launches its kernels.
+    compiled-model class that launches its kernels. (How candidates are measured on the target lives with
+    the tuner: ``tuner/measure/<kind>/`` holds the target's ``LocalBuilder`` and ``LocalRunner``.)
 
     Contract:
 
@@ -39,6 +40,13 @@ class Backend(ABC):
       ``unroll=False`` keeps "unrolled" loops as loops (the form the cost model's features are read from).
     - ``codegen(funcs, target, launches)`` returns one translation unit of source text for lowered
       ``funcs``; with ``launches`` it also contains the whole-model entry point the compiled model calls.
+    - ``compile_module(source, target)`` compiles a translation unit of this backend's ``codegen`` into a
+      loaded module (gcc: :class:`~compiler.backends.cpu.gcc.KernelLibrary`; NVRTC:
+      :class:`~compiler.backends.cuda.nvrtc.CudaModule`) whose ``function(name)`` is a kernel. Built modules
+      are kept in the shared on-disk :class:`~compiler.runtime.module_cache.ModuleCache` (keyed by the
+      source, the compiler options and everything else that changes the built code), so compiling the
+      same source again only loads it. A compiler failure raises CompileError naming the kernel(s) and
+      quoting the compiler's error lines (:func:`~compiler.runtime.module_cache.compile_error_message`).
     - ``copy_kernel(shape, dtype, name)`` returns a lowered kernel that copies a tensor (for graph outputs
       that no kernel produces).
     - ``compiled_model_class()`` is the :class:`~compiler.runtime.executor.CompiledModel` subclass that
@@ -62,6 +70,9 @@ class Backend(ABC):
     def codegen(
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
     ) -> str: ...
+
+    @abstractmethod
+    def compile_module(self, source: str, target: Target) -> Any: ...
 
     @abstractmethod
     def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc: ...

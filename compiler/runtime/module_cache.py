@@ -11,7 +11,8 @@ lends a temporary path to code that writes a file itself.
 
 A compiler failure is reported by :func:`compile_error_message`: ``<tool> failed to compile kernel(s) A, B``
 followed by the compiler's error lines, the kernels named from the line numbers of the errors and the
-:func:`kernel_spans` of the source.
+:func:`kernel_spans` of the source; :func:`errors_by_kernel` splits the error lines by kernel (a builder
+that compiles several candidates in one translation unit blames each for its own lines).
 """
 
 from __future__ import annotations
@@ -131,6 +132,26 @@ def kernel_spans(source: str, kernel_pattern: str) -> list[tuple[int, str]]:
     return spans
 
 
+def errors_by_kernel(
+    source: str, log: str, *, kernel_pattern: str, error_pattern: str
+) -> dict[str, list[str]]:
+    """The compiler's error lines of ``log`` grouped by the kernel they fall in, in order of first error.
+
+    ``error_pattern`` is a regex found in a log line that reports an error, its group 1 the line number in
+    ``source``; the kernel whose :func:`kernel_spans` span holds that line owns it ("prelude" before the
+    first kernel). Lines that mention "error" without a line number belong to no kernel and are left out.
+    """
+    spans = kernel_spans(source, kernel_pattern)
+    owned: dict[str, list[str]] = {}
+    for line in log.splitlines():
+        m = re.search(error_pattern, line)
+        if m:
+            lineno = int(m.group(1))
+            owner = [n for start, n in spans if start <= lineno]
+            owned.setdefault(owner[-1] if owner else "prelude", []).append(line.strip())
+    return owned
+
+
 def compile_error_message(
     tool: str,
     source: str,
@@ -142,23 +163,11 @@ def compile_error_message(
 ) -> str:
     """``<tool> failed to compile kernel(s) A, B<where>:`` and the error lines of the compiler's ``log``.
 
-    ``error_pattern`` is a regex found in a log line that reports an error, its group 1 the line number in
-    ``source``; the kernel whose span holds that line is named ("prelude" before the first kernel). Lines
-    that mention "error" are quoted (at most :data:`MAX_ERROR_LINES`), else the end of the log.
+    The kernels are named by :func:`errors_by_kernel`. Lines that mention "error" (or match
+    ``error_pattern``) are quoted (at most :data:`MAX_ERROR_LINES`), else the end of the log.
     """
-    spans = kernel_spans(source, kernel_pattern)
-    names: list[str] = []
-    quoted: list[str] = []
-    for line in log.splitlines():
-        m = re.search(error_pattern, line)
-        if m or "error" in line:
-            quoted.append(line.strip())
-        if m:
-            lineno = int(m.group(1))
-            owner = [n for start, n in spans if start <= lineno]
-            name = owner[-1] if owner else "prelude"
-            if name not in names:
-                names.append(name)
+    names = list(errors_by_kernel(source, log, kernel_pattern=kernel_pattern, error_pattern=error_pattern))
+    quoted = [line.strip() for line in log.splitlines() if "error" in line or re.search(error_pattern, line)]
     text = "\n".join(quoted[:MAX_ERROR_LINES]) or log.strip()[-MAX_LOG_CHARS:]
     what = ", ".join(names) if names else "(unknown kernel)"
     return f"{tool} failed to compile kernel(s) {what}{where}:\n{text}"

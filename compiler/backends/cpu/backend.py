@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from compiler.backends.base import Backend
+from compiler.backends.cpu import gcc
 from compiler.backends.cpu.codegen import generate_c
 from compiler.backends.cpu.executor import CpuCompiledModel
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
@@ -30,6 +31,9 @@ class CpuBackend(Backend):
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
     ) -> str:
         return generate_c(list(funcs), target, launches)
+
+    def compile_module(self, source: str, target: Target) -> gcc.KernelLibrary:
+        return gcc.build(source)  # gcc -march=native: the module is for this host
 
     def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
         x = placeholder(shape, dtype, "src")

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from compiler.backends import get_backend
 from compiler.backends.cpu import gcc
 from compiler.dtypes import to_numpy
 from compiler.errors import CompileError, KilnError
@@ -83,7 +84,7 @@ class CpuCompiledModel(CompiledModel):
     def _ensure_built(self) -> Any:
         """``kiln_run`` of the library (built, or fetched from the kernel cache, on first use)."""
         if self.library is None:
-            self.library = gcc.build(self.source)
+            self.library = get_backend(self.target).compile_module(self.source, self.target)
         if self._run_fn is None:
             self.library.set_num_threads(self.num_threads)
             self._run_fn = self.library.function("kiln_run", 1)

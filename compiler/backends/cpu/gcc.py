@@ -4,8 +4,9 @@ The cache is the shared :class:`~compiler.runtime.module_cache.ModuleCache` (``$
 ``~/.cache/kiln``; atomic writes, so processes that build the same kernel at the same time each get a
 complete library). The key covers the source, the flags, gcc's version, the host CPU (``-march=native``
 code is only valid there) and ``CODEGEN_VERSION``; each entry is the library ``<key>.so`` and its source
-``<key>.c``. A gcc failure raises CompileError naming the kernel(s) whose lines gcc complained about and
-quoting gcc's error lines.
+``<key>.c``. :func:`compile_to` builds a source into a given path outside the cache, with a timeout (the
+tuner's builder). A gcc failure raises CompileError naming the kernel(s) whose lines gcc complained about
+and quoting gcc's error lines; :func:`errors_by_kernel` splits such a message by kernel.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ FLAGS = (
 LIBS = ("-lm",)
 
 KERNEL_PATTERN = r"^void (\w+)\("  # a kernel's first line in generated C
+ERROR_PATTERN = r"kernel\.c:(\d+):\d+: (?:fatal )?error"  # gcc's error lines, the source named kernel.c
 CACHE = module_cache.ModuleCache()
 
 _loaded: dict[str, KernelLibrary] = {}
@@ -71,24 +73,49 @@ def compile_source(source: str, flags: tuple[str, ...] = FLAGS) -> Path:
     if so is not None:
         return so
     with CACHE.stage(key, ".c", ".so") as (tmp_c, tmp_so):
-        tmp_c.write_text(source)
-        proc = subprocess.run(
-            [CC, *flags, "-o", str(tmp_so), str(tmp_c), *LIBS], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            raise CompileError(error_message(source, proc.stderr.replace(str(tmp_c), "kernel.c")))
+        _gcc(source, tmp_c, tmp_so, flags)
     return CACHE.path(key, ".so")
+
+
+def compile_to(
+    source: str, so: str | Path, timeout: float | None = None, flags: tuple[str, ...] = FLAGS
+) -> Path:
+    """Compile ``source`` into the shared object ``so``, outside the cache (the source is written beside
+    it, with suffix ``.c``); gcc is killed after ``timeout`` seconds. Raises CompileError: gcc's errors
+    (:func:`error_message`), a timeout, or a C compiler that cannot run."""
+    so = Path(so)
+    _gcc(source, so.with_suffix(".c"), so, flags, timeout)
+    return so
+
+
+def _gcc(source: str, c_path: Path, so: Path, flags: tuple[str, ...], timeout: float | None = None) -> None:
+    c_path.write_text(source)
+    try:
+        proc = subprocess.run(
+            [CC, *flags, "-o", str(so), str(c_path), *LIBS], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"gcc timed out after {timeout:.3g} s") from None
+    except OSError as exc:
+        raise CompileError(f"cannot run the C compiler {CC!r}: {exc}") from exc
+    if proc.returncode != 0:
+        raise CompileError(error_message(source, proc.stderr.replace(str(c_path), "kernel.c")))
 
 
 def error_message(source: str, stderr: str) -> str:
     """gcc's error lines (for source file ``kernel.c``), with the kernels they fall in named."""
     return module_cache.compile_error_message(
-        "gcc",
-        source,
-        stderr,
-        kernel_pattern=KERNEL_PATTERN,
-        error_pattern=r"kernel\.c:(\d+):\d+: (?:fatal )?error",
+        "gcc", source, stderr, kernel_pattern=KERNEL_PATTERN, error_pattern=ERROR_PATTERN
     )
+
+
+def errors_by_kernel(source: str, message: str) -> dict[str, str]:
+    """gcc's error ``message`` for ``source`` (:func:`error_message`) split by kernel: the name of each
+    kernel that has error lines ("prelude" for lines before the first kernel) -> a message of its own."""
+    owned = module_cache.errors_by_kernel(
+        source, message, kernel_pattern=KERNEL_PATTERN, error_pattern=ERROR_PATTERN
+    )
+    return {name: error_message(source, "\n".join(lines)) for name, lines in owned.items()}
 
 
 class KernelLibrary:

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from compiler.backends.base import Backend
+from compiler.backends.cuda import nvrtc
 from compiler.backends.cuda.codegen import generate_cuda
+from compiler.backends.cuda.device import device_arch
 from compiler.backends.cuda.executor import CudaCompiledModel
 from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.backends.cuda.sketches.contraction import CudaContractionSketch
@@ -27,6 +29,9 @@ class CudaBackend(Backend):
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
     ) -> str:
         return generate_cuda(list(funcs), target)
+
+    def compile_module(self, source: str, target: Target) -> nvrtc.CudaModule:
+        return nvrtc.build(source, device_arch(target))
 
     def copy_kernel(self, shape: tuple[int, ...], dtype: str, name: str) -> PrimFunc:
         return copy_func(shape, dtype, name)

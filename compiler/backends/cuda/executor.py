@@ -23,9 +23,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from compiler.backends import get_backend
 from compiler.backends.cuda import nvrtc
 from compiler.backends.cuda.codegen import kernel_launches
-from compiler.backends.cuda.device import cupy_or_none, device_arch, require_cupy
+from compiler.backends.cuda.device import cupy_or_none, require_cupy
 from compiler.dtypes import to_numpy
 from compiler.errors import KilnError
 from compiler.runtime.artifact import SavedModel
@@ -67,7 +68,7 @@ class CudaCompiledModel(CompiledModel):
         cp = require_cupy()
         if self._ready:
             return cp
-        self.module = nvrtc.build(self.source, device_arch(self.target))
+        self.module = get_backend(self.target).compile_module(self.source, self.target)
         self._calls: list[list[tuple[Any, dict[str, Any]]]] = []
         for launch in self.launches:
             parts = []
