@@ -1,5 +1,5 @@
 """The library API: `tuner.tune(...)` returns a summary and always closes its run; `tuner.compile` reads the
-records it left. Measurements are simulated (tuner.measure_sim), so no compiler or timing is involved."""
+records it left. Measurements are simulated (tuner.measure.sim), so no compiler or timing is involved."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from db.status import Status
 from tests.cli import kiln
 from tuner.api import TuneSummary, tune
 from tuner.measure import Measurer, MeasureResult
-from tuner.measure_sim import SimulatedBuilder, SimulatedRunner
+from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
 from tuner.scheduler import Budget
 from tuner.space import config_json
 

@@ -21,7 +21,7 @@ from db.database import TuningDatabase
 from tests.cost_model.test_model import make_db
 from tuner.cost_filter import CostFilter, make_candidate_filter, sample_per_workload
 from tuner.measure import Measurer
-from tuner.measure_sim import SimulatedRunner
+from tuner.measure.sim import SimulatedRunner
 from tuner.search import TaskTuner
 from tuner.space import config_json
 from tuner.storage import optuna_storage

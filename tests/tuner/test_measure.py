@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import threadpoolctl
 
+import compiler.reference as reference
 from compiler.errors import KilnError
+from compiler.frontend.models import get_model
+from compiler.target import Target
 from db.status import Status
 from tests.tuner.fault_sketch import fault_task
 from tuner.measure import (
@@ -20,10 +24,13 @@ from tuner.measure import (
     create_builder,
     create_runner,
 )
-from tuner.measure_build import _blame
-from tuner.measure_runworker import compare
-from tuner.measure_sim import SimulatedBuilder, SimulatedRunner
+from tuner.measure.cpu import LocalBuilder, LocalRunner
+from tuner.measure.cpu.build import blame
+from tuner.measure.cpu.run import task_data
+from tuner.measure.cpu.run_worker import compare
+from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
 from tuner.space import config_json
+from tuner.task import extract_tasks
 
 GOOD = {"fault": "none", "vector": 8, "parallel": "none"}
 GOOD2 = {"fault": "none", "vector": 1, "parallel": "outer"}
@@ -134,10 +141,14 @@ def test_factories_accept_names_and_instances():
         create_runner("gpu")
     with pytest.raises(KilnError, match="unknown builder"):
         create_builder("remote")
-    with pytest.raises(KilnError, match="cuda runner not available"):
+    with pytest.raises(
+        KilnError, match=r"no local runner for cuda targets: .* belong in tuner/measure/cuda/"
+    ):
         create_runner("local", "cuda/sm_90/NVIDIA H100 80GB HBM3")
-    with pytest.raises(KilnError, match="cuda builder not available"):
+    with pytest.raises(KilnError, match="no local builder for cuda targets: measuring CUDA candidates"):
         create_builder("local", "cuda/sm_90/NVIDIA H100 80GB HBM3")
+    assert isinstance(create_builder("local", "cpu"), LocalBuilder)
+    assert isinstance(create_runner("local", "cpu"), LocalRunner)
 
 
 def test_run_result_defaults():
@@ -178,24 +189,21 @@ def test_gcc_errors_are_attributed_to_their_kernels():
         ["/* prelude */", "void kiln_set_num_threads(int n) {}", "void cand3(float* x) {", "  bad;", "}",
          "void cand7(float* x) {", "  worse;", "}"]
     )  # fmt: skip
-    msg = "gcc failed:\nkernel.c:4:3: error: 'bad' undeclared\nkernel.c:7:3: error: 'worse' undeclared"
-    blamed = _blame(source, msg, {"cand3": 3, "cand7": 7})
+    msg = (
+        "gcc failed to compile kernel(s) cand3, cand7:\n"
+        "kernel.c:4:3: error: 'bad' undeclared\nkernel.c:7:3: error: 'worse' undeclared"
+    )
+    blamed = blame(source, msg, {"cand3": 3, "cand7": 7})
     assert set(blamed) == {3, 7} and "'bad'" in blamed[3] and "'worse'" not in blamed[3]
-    prelude = "gcc failed:\nkernel.c:1:1: error: junk"
-    assert _blame(source, prelude, {"cand3": 3, "cand7": 7}) == {}
+    assert blamed[3].startswith("gcc failed to compile kernel(s) cand3:") and "'worse'" in blamed[7]
+    assert blame(source, "gcc timed out after 8 s", {"cand3": 3, "cand7": 7}) == {}
+    prelude = "gcc failed to compile kernel(s) prelude:\nkernel.c:1:1: error: junk"
+    assert blame(source, prelude, {"cand3": 3, "cand7": 7}) == {}
 
 
 def test_reference_runs_with_one_blas_thread(monkeypatch):
     """The numpy reference of a task is computed with one BLAS/OpenMP thread, so no BLAS thread is left
     spinning on the cores while the first candidate (the default config) is timed."""
-    import threadpoolctl
-
-    import compiler.reference as reference
-    from compiler.frontend.models import get_model
-    from compiler.target import Target
-    from tuner.measure_run import task_data
-    from tuner.task import extract_tasks
-
     seen: list[int] = []
     real = reference.run_reference
 

@@ -20,8 +20,7 @@ from tests.tuner.fault_sketch import (
     fault_task,
 )
 from tuner.measure import MeasureInput, Measurer
-from tuner.measure_build import LocalBuilder
-from tuner.measure_run import LocalRunner
+from tuner.measure.cpu import LocalBuilder, LocalRunner
 from tuner.task import extract_tasks
 
 

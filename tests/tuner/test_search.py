@@ -10,7 +10,7 @@ from compiler.target import Target
 from db.database import TuningDatabase
 from db.status import Status
 from tuner.measure import Measurer
-from tuner.measure_sim import SimulatedRunner
+from tuner.measure.sim import SimulatedRunner
 from tuner.scheduler import Budget, TaskScheduler, model_latency
 from tuner.search import TaskTuner
 from tuner.space import config_json

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compiler.backends.cpu.gcc import compile_source
+
 MAX_ARGS = 64  # kernels with more buffer arguments than this cannot be timed
 
 
@@ -98,6 +100,4 @@ int kiln_harness_time(void* fn, int nargs, void** args, long number, int min_rep
 
 def harness_library() -> Path:
     """Path of the built harness shared object (built once, then taken from the kernel cache)."""
-    from compiler.backends.cpu.gcc import compile_source
-
     return compile_source(harness_source())

@@ -1,18 +1,19 @@
 """LocalRunner: verify and time CPU candidates in an isolated worker process.
 
 The parent computes each task's random inputs (seeded by the workload key and ``seed``) and its numpy
-reference outputs once, caches them, and ships them to the worker (``tuner.measure_runworker``) once per
-worker life. Each candidate is one request with a deadline: no answer in ``timeout_s`` -> the worker (and
-its OpenMP threads) is killed -> ``timeout``; the worker dies (segfault, abort) -> ``runtime_error`` naming
-the signal. Either way the next candidate starts a fresh worker, so nothing a bad kernel did survives it.
+reference outputs once, caches them, and ships them to the worker (:mod:`tuner.measure.cpu.run_worker`)
+once per worker life. Each candidate is one request with a deadline: no answer in ``timeout_s`` -> the
+worker (and its OpenMP threads) is killed -> ``timeout``; the worker dies (segfault, abort) ->
+``runtime_error`` naming the signal. Either way the next candidate starts a fresh worker, so nothing a bad
+kernel did survives it.
 
-Timing happens in C (``tuner.harness``): after the verification run, a warm-up of ``warmup_ms``, then
-samples of ``number`` back-to-back calls (``number`` chosen so a sample takes about ``min_time_ms /
-samples``) until ``min_time_ms`` of measured time and at least ``min_repeats`` samples (at most
-``max_repeats``). Each latency is one sample's mean per call, in microseconds. A sample stops early after
-four times its planned duration, so a kernel that slows down on a loaded machine (OpenMP threads waiting
-for a descheduled sibling) is measured slow rather than timed out. Caches stay warm between calls (no
-flush): that is how a kernel runs inside a model whose working set fits the caches.
+Timing happens in C (:mod:`tuner.measure.cpu.harness`): after the verification run, a warm-up of
+``warmup_ms``, then samples of ``number`` back-to-back calls (``number`` chosen so a sample takes about
+``min_time_ms / samples``) until ``min_time_ms`` of measured time and at least ``min_repeats`` samples (at
+most ``max_repeats``). Each latency is one sample's mean per call, in microseconds. A sample stops early
+after four times its planned duration, so a kernel that slows down on a loaded machine (OpenMP threads
+waiting for a descheduled sibling) is measured slow rather than timed out. Caches stay warm between calls
+(no flush): that is how a kernel runs inside a model whose working set fits the caches.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
+from compiler import reference
 from compiler.canonical import canonical_json
 from compiler.layouts import layout_from_json
 from db.status import Status
-from tuner.harness import MAX_ARGS, harness_library
 from tuner.measure import BuildResult, MeasureInput, Runner, RunResult
-from tuner.measure_pool import Worker, WorkerDied, WorkerTimeout
+from tuner.measure.cpu import run_worker
+from tuner.measure.cpu.harness import MAX_ARGS, harness_library
+from tuner.measure.pool import Worker, WorkerDied, WorkerTimeout
 
 
 @dataclass
@@ -58,18 +62,14 @@ class TaskData:
 
 def task_data(task: Any, seed: int = 0) -> TaskData:
     """Random inputs (seeded by the workload key and ``seed``) and the reference outputs of ``task``."""
-    from threadpoolctl import threadpool_limits
-
-    from compiler.reference import random_inputs, run_reference
-
     graph = task.group.subgraph
     task_seed = (int(task.workload_key[:12], 16) ^ seed) & 0x7FFFFFFF
-    inputs = [np.ascontiguousarray(a) for a in random_inputs(graph, task_seed)]
+    inputs = [np.ascontiguousarray(a) for a in reference.random_inputs(graph, task_seed)]
     # One BLAS/OpenMP thread for the reference: a multi-threaded BLAS keeps its threads spinning for about
     # 0.1 s after a call, and the first candidate timed right after it (the default config, always first)
     # shared the cores with them and was measured up to 50x slow, so tuning "beat" a default it never saw.
     with threadpool_limits(limits=1):
-        refs = [np.ascontiguousarray(r) for r in run_reference(graph, inputs)]
+        refs = [np.ascontiguousarray(r) for r in reference.run_reference(graph, inputs)]
     names = [v.name or f"in{k}" for k, v in enumerate(graph.inputs)]
     out_names = [v.name or f"out{k}" for k, v in enumerate(task.group.outputs)]
     return TaskData(task.workload_key, inputs, refs, names, out_names, task_seed)
@@ -114,9 +114,7 @@ class LocalRunner(Runner):
     @property
     def worker(self) -> Worker:
         if self._worker is None:
-            from tuner.measure_runworker import main
-
-            self._worker = Worker(main, (str(harness_library()),), "kiln-runner")
+            self._worker = Worker(run_worker.main, (str(harness_library()),), "kiln-runner")
         return self._worker
 
     def _task(self, task: Any) -> TaskData:

@@ -12,6 +12,7 @@ kernel never outlives the tuner. Only processes started here are ever signalled.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -73,8 +74,6 @@ def _die_with_parent() -> None:
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(Exception):
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the parent is already gone
             os._exit(1)

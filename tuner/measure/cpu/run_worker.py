@@ -1,7 +1,7 @@
 """The CPU runner's worker process: loads built libraries, verifies and times candidates.
 
-It imports only numpy and ctypes and owns nothing from the parent but what arrives over the pipe (file
-paths and arrays). Requests:
+Its own work needs only numpy and ctypes, and it owns nothing from the parent but what arrives over the
+pipe (file paths and arrays). Requests:
 
 ``("task", key, inputs, refs, out_names, in_names)``
     Keep a task's random inputs (64-byte aligned copies) and numpy reference outputs; output buffers are
@@ -21,12 +21,16 @@ paths and arrays). Requests:
 
 from __future__ import annotations
 
+import _ctypes
+import contextlib
 import ctypes
 import math
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+
+from tuner.measure.pool import serve
 
 GUARD = 4096  # bytes of canary before and after every output buffer
 CANARY = 0xA5
@@ -40,8 +44,6 @@ MAX_LIBRARIES = 16  # libraries kept loaded; older ones are closed
 
 
 def main(conn: Any, harness: str) -> None:
-    from tuner.measure_pool import serve
-
     serve(conn, _RunWorker(harness).handle)
 
 
@@ -254,9 +256,5 @@ def compare(out: np.ndarray, ref: np.ndarray, name: str) -> str | None:
 
 
 def _dlclose(lib: ctypes.CDLL) -> None:
-    try:
-        import _ctypes
-
+    with contextlib.suppress(AttributeError, OSError):
         _ctypes.dlclose(lib._handle)  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        pass

@@ -7,13 +7,18 @@
 Roles (one ABC each, contracts in the docstrings):
 
 - :class:`Builder`: check the config (``invalid_config``, nothing built), schedule, lower, generate code and
-  compile it (``compile_error`` with the compiler's message). ``LocalBuilder`` (``tuner.measure_build``) is a
-  process pool that compiles several candidates in one gcc call; ``SimulatedBuilder`` only checks.
+  compile it (``compile_error`` with the compiler's message).
 - :class:`Runner`: run each built candidate once on seeded random inputs with poisoned, guarded outputs and
   compare with the numpy reference (``runtime_error``, ``wrong_result``), then time it (``timeout`` if it
-  hangs). ``LocalRunner`` (``tuner.measure_run``) runs CPU kernels in an isolated worker process;
-  ``SimulatedRunner`` (``tuner.measure_sim``) replays recorded timings. A CUDA runner plugs in here later
-  (see :func:`create_runner`).
+  hangs).
+
+The package holds the parts that do not depend on the target (this module, ``pool.py``: supervised worker
+processes, ``sim.py``: ``SimulatedBuilder`` / ``SimulatedRunner`` replaying recorded timings) and one
+sub-package per target kind with that kind's ``LocalBuilder`` and ``LocalRunner``: ``cpu/`` (a process pool
+that compiles several candidates in one gcc call; a runner timing kernels in an isolated worker). The
+``local`` builder and runner of a target are found by its kind (``tuner.measure.<kind>``), so measuring on a
+new backend means adding ``tuner/measure/<kind>/`` beside ``compiler/backends/<kind>/``; the CUDA builder and
+runner belong in ``tuner/measure/cuda/`` (not built yet: ``local`` for a cuda target is a clear KilnError).
 
 Factories accept a name or an instance: ``create_builder("local")``, ``create_runner("simulated",
 timings=...)``, ``Measurer("local", my_runner)``; ``create_measurer(target, workers)`` is what ``kiln tune``
@@ -24,6 +29,7 @@ processes stay alive between batches until ``close()``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import statistics
 import time
 import traceback
@@ -175,42 +181,55 @@ BUILDERS = ("local", "simulated")
 RUNNERS = ("local", "simulated")
 
 
+def _local_class(target: Target | str | None, role: str) -> type:
+    """``Local<Role>`` (``role``: builder or runner) of ``tuner.measure.<kind>``, the target's kind (default:
+    cpu)."""
+    kind = Target.parse(target).kind if target is not None else "cpu"
+    module_name, class_name = f"{__name__}.{kind}", f"Local{role.title()}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        module = None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise KilnError(
+            f"no local {role} for {kind} targets: measuring {kind.upper()} candidates is not built yet "
+            f"(the {kind.upper()} builder and runner belong in tuner/measure/{kind}/)"
+        )
+    return cls
+
+
 def create_builder(
     spec: str | Builder = "local", target: Target | str | None = None, **options: Any
 ) -> Builder:
-    """A builder from a name (``local``, ``simulated``) and options, or ``spec`` itself if it is one."""
+    """A builder from a name and options, or ``spec`` itself if it is one. ``local`` is the
+    ``LocalBuilder`` of the target's kind (default: cpu), from ``tuner.measure.<kind>``;
+    ``simulated`` -> :class:`~tuner.measure.sim.SimulatedBuilder`."""
     if isinstance(spec, Builder):
         return spec
     if spec == "local":
-        kind = Target.parse(target).kind if target is not None else "cpu"
-        if kind != "cpu":
-            raise KilnError(f"{kind} builder not available: the local builder compiles C for cpu targets")
-        from tuner.measure_build import LocalBuilder
-
-        return LocalBuilder(**options)
+        return _local_class(target, "builder")(**options)
     if spec == "simulated":
-        from tuner.measure_sim import SimulatedBuilder
+        from tuner.measure.sim import SimulatedBuilder  # sim.py subclasses Builder: a real import cycle
 
         return SimulatedBuilder(**options)
     raise KilnError(f"unknown builder {spec!r}; known: {', '.join(BUILDERS)}")
 
 
 def create_runner(spec: str | Runner = "local", target: Target | str | None = None, **options: Any) -> Runner:
-    """A runner from a name and options, or ``spec`` itself if it is one. ``local`` picks the runner for the
-    target's kind: ``cpu`` -> :class:`~tuner.measure_run.LocalRunner`; ``cuda`` -> not available yet (the
-    CUDA runner plugs in here: a worker owning the CUDA context, CUDA events, an L2 flush between runs, and a
-    restart after a sticky error). ``simulated`` -> :class:`~tuner.measure_sim.SimulatedRunner`."""
+    """A runner from a name and options, or ``spec`` itself if it is one. ``local`` is the ``LocalRunner``
+    of the target's kind (default: cpu), from ``tuner.measure.<kind>``: ``cpu`` ->
+    :class:`~tuner.measure.cpu.run.LocalRunner`; ``cuda`` is not built yet (its runner: a worker owning the
+    CUDA context, CUDA events, an L2 flush between runs, and a restart after a sticky error).
+    ``simulated`` -> :class:`~tuner.measure.sim.SimulatedRunner`."""
     if isinstance(spec, Runner):
         return spec
     if spec == "local":
-        kind = Target.parse(target).kind if target is not None else "cpu"
-        if kind == "cpu":
-            from tuner.measure_run import LocalRunner
-
-            return LocalRunner(**options)
-        raise KilnError(f"{kind} runner not available: only the cpu target can be measured locally so far")
+        return _local_class(target, "runner")(**options)
     if spec == "simulated":
-        from tuner.measure_sim import SimulatedRunner
+        from tuner.measure.sim import SimulatedRunner  # sim.py subclasses Runner: a real import cycle
 
         return SimulatedRunner(**options)
     raise KilnError(f"unknown runner {spec!r}; known: {', '.join(RUNNERS)}")

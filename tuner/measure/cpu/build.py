@@ -1,11 +1,14 @@
-"""LocalBuilder: check, schedule, lower, generate C and compile candidates in a pool of worker processes.
+"""LocalBuilder of cpu targets: check, schedule, lower, generate C and compile candidates in a pool of
+worker processes.
 
 Throughput: gcc dominates, and a gcc call has a fixed cost (process start, the math prelude) of about
 60 ms, so the candidates of a batch are compiled together: the valid ones are cut into chunks of at most
 ``max_batch`` (at least one chunk per worker), each worker schedules, lowers and prints its chunk as ONE
-translation unit (kernels ``cand<i>``) and runs ONE gcc on it. When gcc fails, the kernels that own its
-error lines get ``compile_error`` with gcc's lines and the rest are compiled again; when the errors cannot
-be attributed, the candidates are compiled one by one, so a bad candidate never sinks the others.
+translation unit (kernels ``cand<i>``) through the cpu backend and runs ONE gcc on it
+(:func:`compiler.backends.cpu.gcc.compile_to`). When gcc fails, the kernels that own its error lines
+(:func:`compiler.backends.cpu.gcc.errors_by_kernel`) get ``compile_error`` with their own lines and the rest
+are compiled again; when the errors cannot be attributed (the prelude, the glue, a timeout), the candidates
+are compiled one by one, so a bad candidate never sinks the others.
 
 Workers are spawned once and stay alive between batches; each one keeps the groups it has rebuilt (from
 the workload's canonical JSON, so no model weights travel) by task. Per-candidate timeout: gcc gets
@@ -21,19 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from compiler.errors import ScheduleError
+from compiler.backends import get_backend
+from compiler.backends.cpu import gcc
+from compiler.errors import CompileError, ScheduleError
+from compiler.fusion import group_from_workload
 from db.status import Status
 from tuner.measure import Builder, BuildResult, MeasureInput
-from tuner.measure_pool import WorkerPool
+from tuner.measure.pool import WorkerPool, serve
 
 Codegen = Callable[[Sequence[Any], Any], str]  # (lowered PrimFuncs, target) -> C source
 
@@ -43,9 +47,8 @@ class LocalBuilder(Builder):
 
     A batch is cut into at least ``chunks_per_worker`` chunks per worker (smaller chunks balance the
     workers better: compile times of candidates differ by 10x; each chunk costs one more gcc start) and
-    chunks hold at most ``max_batch`` kernels. ``codegen`` replaces
-    ``compiler.backends.cpu.codegen.generate_c`` (a picklable module-level function; tests use it to
-    inject invalid C)."""
+    chunks hold at most ``max_batch`` kernels. ``codegen`` replaces the cpu backend's ``codegen`` (a
+    picklable module-level function ``(funcs, target) -> C source``; tests use it to inject invalid C)."""
 
     def __init__(
         self,
@@ -178,20 +181,7 @@ def _task_id(task: Any) -> str:
 
 # ---------------------------------------------------------------------- worker side
 def _builder_main(conn: Any) -> None:
-    import importlib
-
-    from tuner.measure_pool import serve
-
-    # import everything a build needs before announcing readiness, so no candidate pays for it
-    modules = (
-        "compiler.backends.cpu.codegen",
-        "compiler.fusion",
-        "compiler.loopir",
-        "compiler.backends.cpu.backend",
-    )
-    for module in modules:
-        importlib.import_module(module)
-
+    get_backend("cpu")  # its sketches, lowering and codegen are imported before announcing readiness
     serve(conn, _BuildWorker().handle)
 
 
@@ -200,8 +190,6 @@ class _BuildWorker:
         self.tasks: dict[str, tuple[Any, Any, Any]] = {}
 
     def handle(self, req: dict[str, Any]) -> tuple[str, dict[int, dict[str, Any]]]:
-        from compiler.fusion import group_from_workload
-
         for tid, (canonical, sketch, target) in req["tasks"].items():
             if tid not in self.tasks:
                 self.tasks[tid] = (group_from_workload(canonical), sketch, target)
@@ -218,10 +206,8 @@ def build_chunk(
 ) -> dict[int, dict[str, Any]]:
     """Schedule, lower, print and compile ``items`` = [(index, group, sketch, target, config)] as one
     translation unit ``stem.c`` -> ``stem.so``; returns BuildResult fields by index."""
-    from compiler.backends.cpu.codegen import generate_c
-    from compiler.loopir import lower_func
-
-    gen = codegen or generate_c
+    backend = get_backend("cpu")
+    gen = codegen or backend.codegen
     out: dict[int, dict[str, Any]] = {}
     funcs: dict[int, Any] = {}
     target = None
@@ -230,7 +216,7 @@ def build_chunk(
         t0 = time.perf_counter()
         target = tgt
         try:
-            func = lower_func(sketch.build(group, config, tgt).func)
+            func = backend.lower(sketch.build(group, config, tgt).func)
             func.name = f"cand{i}"
             funcs[i] = func
         except ScheduleError as exc:
@@ -248,16 +234,16 @@ def build_chunk(
         if source is not None:
             so = f"{stem}_{attempt}.so"
             attempt += 1
-            ok, message = _gcc(source, so, timeout * len(funcs))
+            error = _gcc(source, so, timeout * len(funcs))
             _charge(spent, funcs, time.perf_counter() - t0)
-            if ok:
+            if error is None:
                 for i, f in funcs.items():
                     out[i] = _ok(so, f)
                 break
             blamed = (
-                _blame(source, message, {f.name: i for i, f in funcs.items()})
+                blame(source, error, {f.name: i for i, f in funcs.items()})
                 if len(funcs) > 1
-                else {i: message for i in funcs}
+                else {i: error for i in funcs}
             )
             if blamed:
                 for i, msg in blamed.items():
@@ -267,11 +253,12 @@ def build_chunk(
         # code generation failed for the batch, or gcc's errors belong to nobody in particular
         for i, f in funcs.items():
             t0 = time.perf_counter()
+            so = f"{stem}_s{i}.so"
             try:
-                ok, message = _gcc(gen([f], target), f"{stem}_s{i}.so", timeout)
+                error = _gcc(gen([f], target), so, timeout)
             except Exception as exc:
-                ok, message = False, f"code generation failed: {type(exc).__name__}: {exc}"
-            out[i] = _ok(f"{stem}_s{i}.so", f) if ok else _fields(Status.COMPILE_ERROR, message)
+                error = f"code generation failed: {type(exc).__name__}: {exc}"
+            out[i] = _ok(so, f) if error is None else _fields(Status.COMPILE_ERROR, error)
             spent[i] += time.perf_counter() - t0
         break
     for i in out:
@@ -300,45 +287,20 @@ def _fields(
     return {"status": status, "error": error, "artifact": artifact, "symbol": symbol, "info": info or {}}
 
 
-def _gcc(source: str, so: str, timeout: float) -> tuple[bool, str]:
-    """Compile ``source`` into ``so`` with the kernel flags; (ok, gcc's error text)."""
-    from compiler.backends.cpu.gcc import CC, FLAGS, LIBS
-
-    c_path = so[:-3] + ".c"
-    with open(c_path, "w") as f:
-        f.write(source)
+def _gcc(source: str, so: str, timeout: float) -> str | None:
+    """Compile ``source`` into ``so``; None, or gcc's error message (a timeout included)."""
     try:
-        proc = subprocess.run(
-            [CC, *FLAGS, "-o", so, c_path, *LIBS], capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"gcc timed out after {timeout:.3g} s"
-    except OSError as exc:
-        return False, f"cannot run the C compiler {CC!r}: {exc}"
-    if proc.returncode != 0:
-        return False, _quote(proc.stderr, c_path)
-    return True, ""
+        gcc.compile_to(source, so, timeout)
+    except CompileError as exc:
+        return str(exc)
+    return None
 
 
-def _quote(stderr: str, path: str) -> str:
-    lines = [ln.replace(path, "kernel.c") for ln in stderr.splitlines() if "error" in ln]
-    return "gcc failed:\n" + ("\n".join(lines[:20]) or stderr.strip()[-2000:])
-
-
-def _blame(source: str, message: str, names: dict[str, int]) -> dict[int, str]:
-    """Which candidates own gcc's error lines (``kernel.c:LINE:COL: error``), with their lines."""
-    spans = []
-    for n, line in enumerate(source.splitlines(), start=1):
-        m = re.match(r"void (\w+)\(", line)
-        if m:
-            spans.append((n, m.group(1)))
-    blamed: dict[int, list[str]] = {}
-    for line in message.splitlines()[1:]:
-        m = re.match(r"kernel\.c:(\d+):\d+: (?:fatal )?error", line)
-        if not m:
-            continue
-        owner = [name for start, name in spans if start <= int(m.group(1))]
-        if not owner or owner[-1] not in names:
-            return {}  # an error in the prelude or the glue: nobody in particular
-        blamed.setdefault(names[owner[-1]], []).append(line)
-    return {i: "gcc failed:\n" + "\n".join(lines[:20]) for i, lines in blamed.items()}
+def blame(source: str, message: str, names: dict[str, int]) -> dict[int, str]:
+    """Which candidates (kernel name -> index in ``names``) own the error lines of gcc's ``message`` for
+    ``source``, each with a message of its own lines; {} when some error belongs to no candidate (the
+    prelude, the glue) or none has a line number (a timeout)."""
+    by_kernel = gcc.errors_by_kernel(source, message)
+    if any(name not in names for name in by_kernel):
+        return {}
+    return {names[name]: msg for name, msg in by_kernel.items()}
