@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, insert, select, update
@@ -72,12 +72,46 @@ class AuxTablesMixin(DatabaseCore):
             )
             return conn.execute(insert(RunRow).values(**values)).inserted_primary_key[0]
 
-    def finish_run(self, run_id: int) -> None:
-        """Mark a tuning run finished now."""
+    def finish_run(self, run_id: int, budget: dict | None = None) -> None:
+        """Mark a tuning run finished now; with ``budget``, its budget JSON is replaced too (``tune()``
+        records there how the run ended and the seconds it spent, so a rerun can resume it)."""
+        values: dict = {"finished_at": utc_now()}
+        if budget is not None:
+            values["budget"] = canonical_json(budget)
         with self._write("finish a run") as conn:
-            done = conn.execute(update(RunRow).where(RunRow.id == run_id).values(finished_at=utc_now()))
+            done = conn.execute(update(RunRow).where(RunRow.id == run_id).values(**values))
             if not done.rowcount:
                 raise UnknownKeyError(f"run {run_id} is not in {self.url}")
+
+    def reopen_run(self, run_id: int, budget: dict, command_line: str | None = None) -> None:
+        """Continue an unfinished tuning run: clear its end time and replace its budget JSON (and command
+        line, when given); records committed afterwards with this ``run_id`` add to the run."""
+        values: dict = {"finished_at": None, "budget": canonical_json(budget)}
+        if command_line is not None:
+            values["command_line"] = command_line
+        with self._write("reopen a run") as conn:
+            done = conn.execute(update(RunRow).where(RunRow.id == run_id).values(**values))
+            if not done.rowcount:
+                raise UnknownKeyError(f"run {run_id} is not in {self.url}")
+
+    def run_record_counts(self, run_id: int) -> dict[str, int]:
+        """How many records were committed under run ``run_id``, by workload key."""
+        stmt = (
+            select(WorkloadRow.key, func.count())
+            .select_from(RecordRow)
+            .join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
+            .where(RecordRow.run_id == run_id)
+            .group_by(WorkloadRow.key)
+        )
+        with self._read("count the records of a run") as conn:
+            return {key: int(n) for key, n in conn.execute(stmt)}
+
+    def run_last_record_at(self, run_id: int) -> datetime | None:
+        """When the last record of run ``run_id`` was committed (aware UTC), or None without records."""
+        stmt = select(func.max(RecordRow.created_at)).where(RecordRow.run_id == run_id)
+        with self._read("read a run's last record") as conn:
+            last = conn.execute(stmt).scalar()
+        return last.replace(tzinfo=UTC) if last is not None else None
 
     def runs(self, model_name: str | None = None) -> list[RunInfo]:
         """Tuning runs, oldest first (optionally of one model)."""

@@ -11,9 +11,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 from compiler.build import compile as build_model
 from compiler.errors import KilnError
@@ -59,6 +63,29 @@ class ModelTiming:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """An unfinished run that :func:`tune` continues: its id, what it had stored and spent, and the budget."""
+
+    run_id: int
+    done: int  # records stored under the run before this invocation
+    budget_trials: int | None
+    spent_seconds: float
+    budget_seconds: float | None
+
+    def message(self) -> str:
+        """``resuming run 3: 40 of 64 trials done, 24 left`` (or, for a time budget, seconds)."""
+        if self.budget_trials is not None:
+            left = max(0, self.budget_trials - self.done)
+            text = f"resuming run {self.run_id}: {self.done} of {self.budget_trials} trials done, {left} left"
+        else:
+            text = f"resuming run {self.run_id}: {self.done} trials done"
+        if self.budget_seconds is not None:
+            left_s = max(0.0, self.budget_seconds - self.spent_seconds)
+            text += f"; {self.spent_seconds:.0f} s of {self.budget_seconds:g} s spent, {left_s:.0f} s left"
+        return text
+
+
+@dataclass(frozen=True)
 class TuneSummary:
     """The outcome of :func:`tune`: the run's id in the database, each task's result, and whole-model
     numbers (estimates from per-kernel latencies and, when timed, a measurement of compiled models)."""
@@ -66,10 +93,60 @@ class TuneSummary:
     run_id: int
     model: str
     target: str  # the target key the records were measured on
-    tasks: list[TaskResult] = field(default_factory=list)
-    measured: int = 0  # candidates measured by this run, over all tasks
+    tasks: list[TaskResult] = field(default_factory=list)  # ``measured``: records stored under the run
+    measured: int = 0  # candidates measured (records stored) by this invocation, over all tasks
     interrupted: bool = False  # stopped by Ctrl-C; every committed result is kept
     timing: ModelTiming | None = None
+    stored: int = 0  # records stored under the run in all (a resumed run counts its earlier part too)
+    budget_trials: int | None = None  # the run's trial budget over its tasks (None: a time budget only)
+    budget_seconds: float | None = None
+    resumed: Resume | None = None  # the unfinished run this invocation continued, if any
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as plain JSON data (``kiln tune --format json``)."""
+        t = self.timing
+        return {
+            "run_id": self.run_id,
+            "model": self.model,
+            "target": self.target,
+            "budget": {"trials": self.budget_trials, "seconds": self.budget_seconds},
+            "resumed": None
+            if self.resumed is None
+            else {"run_id": self.resumed.run_id, "trials_done_before": self.resumed.done},
+            "trials": self.stored,
+            "measured_now": self.measured,
+            "interrupted": self.interrupted,
+            "default_us": self.default_us,
+            "best_us": self.best_us,
+            "tuned_tasks": self.tuned_tasks,
+            "coverage": self.coverage,
+            "tasks": [
+                {
+                    "index": i,
+                    "task": r.task.name,
+                    "workload": r.task.workload_key,
+                    "kind": r.task.kind,
+                    "weight": r.task.weight,
+                    "trials": r.measured,
+                    "default_us": r.default_us,
+                    "best_us": r.best_us,
+                    "speedup": r.speedup,
+                    "best_config": r.best_config,
+                    "errors": r.errors,
+                    "done": r.done,
+                }
+                for i, r in enumerate(self.tasks)
+            ],
+            "timing": None
+            if t is None
+            else {
+                "default_us": t.default_us,
+                "tuned_us": t.tuned_us,
+                "speedup": t.speedup,
+                "kernels_from_records": t.kernels_from_records,
+                "kernels": t.kernels,
+            },
+        }
 
     @property
     def default_us(self) -> float | None:
@@ -147,39 +224,79 @@ def tune(
     measurer: Measurer | None = None,
     time_model: bool = True,
     progress: bool = False,
+    progress_file: TextIO | None = None,
     command_line: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    resume: bool = True,
 ) -> TuneSummary:
     """Tune ``model`` (a Graph, a built-in model name or an ONNX file) on ``target`` into ``db``.
 
     ``db`` is an open :class:`~db.database.TuningDatabase`, a URL, or None ($KILN_DB, else
-    ``sqlite:///kiln.db``). ``budget`` is a number of measured candidates or a :class:`Budget` (trials
-    and/or seconds). ``tasks`` limits the run to some tasks (indices or workload-key prefixes); only a
-    whole-model run registers the model's task list. ``cost_model`` (``gbdt``, ``analytic`` or ``none``)
-    ranks asked candidates and measures only the best few; ``early_stop`` ends a task after that many
-    measured trials without a 1% improvement (None: never). ``measurer`` replaces the default one (local
-    build processes and runner for ``target``; it is then not closed here). With ``time_model``, a
-    whole-model run on the CPU ends by timing the compiled model with default and with tuned configs.
-    ``progress`` shows the live table of ``kiln tune`` on stdout.
+    ``sqlite:///kiln.db``). ``budget`` is a number of measured candidates or a :class:`Budget` (trials in
+    total or per selected task, and/or seconds). ``tasks`` limits the run to some tasks (indices or
+    workload-key prefixes); only a whole-model run registers the model's task list. ``cost_model``
+    (``gbdt``, ``analytic`` or ``none``) ranks asked candidates and measures only the best few;
+    ``early_stop`` ends a task after that many measured trials without a 1% improvement (None: never).
+    ``measurer`` replaces the default one (local build processes and runner for ``target``; it is then not
+    closed here). With ``time_model``, a whole-model run on the CPU ends by timing the compiled model with
+    default and with tuned configs. ``progress`` shows the overall progress bar and the live table of
+    ``kiln tune`` on ``progress_file`` (default stdout).
 
-    The run's row in the database is closed (end time set) whatever happens; Ctrl-C stops after the
-    current batch's results are committed and gives a summary with ``interrupted`` set.
+    With ``resume`` (the default), when the latest run of this model on this target with the same budget
+    and arguments did not complete (interrupted, failed, or killed), that run is continued: only the budget
+    it had left is spent, counting the records stored under it. The run's row in the database is closed
+    (end time set, with how it ended) whatever happens; Ctrl-C stops after the current batch's results are
+    committed and gives a summary with ``interrupted`` set.
     """
     if isinstance(budget, int):
         budget = Budget(trials=budget)
-    if budget.trials is not None and budget.trials < 1:
-        raise KilnError(f"a tuning budget needs at least 1 trial, got {budget.trials}")
+    for value, what in ((budget.trials, "trial"), (budget.trials_per_task, "trial per task")):
+        if value is not None and value < 1:
+            raise KilnError(f"a tuning budget needs at least 1 {what}, got {value}")
     if cost_model not in COST_MODELS:
         raise KilnError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
     graph = load_model(model, input_shapes) if isinstance(model, str) else model
     target = Target.parse(target)
     chosen = select_tasks(extract_tasks(graph, target), tasks)
+    total_trials = budget.total_trials(len(chosen))
+    args = {
+        "tasks": [t.workload_key for t in chosen],
+        "whole": not tasks,
+        "batch": batch,
+        "early_stop": early_stop,
+        "cost_model": cost_model,
+        "seed": seed,
+    }
+    spec = {
+        "trials": total_trials,
+        "seconds": budget.seconds,
+        "trials_per_task": budget.trials_per_task,
+        "sampler": sampler,
+        "args": args,
+    }
     with _database(db) as database:
-        run_id = _begin_run(database, graph, target, chosen, budget, sampler, not tasks, command_line)
+        found = _unfinished_run(database, graph, target, spec) if resume else None
+        if found is None:
+            run_id = _begin_run(database, graph, target, chosen, spec, not tasks, command_line)
+            resumed = None
+        else:
+            run_id, resumed = found
+            database.reopen_run(
+                run_id, {**spec, "spent_seconds": resumed.spent_seconds, "resumed_at": _now_iso()}
+            )
+        done_before = resumed.done if resumed is not None else 0
+        spent_before = resumed.spent_seconds if resumed is not None else 0.0
+        left = Budget(
+            None if total_trials is None else max(0, total_trials - done_before),
+            None if budget.seconds is None else max(0.0, budget.seconds - spent_before),
+        )
         own_measurer = measurer is None
         tuners: list[TaskTuner] = []
-        measured, interrupted = 0, False
+        interrupted, outcome = False, "failed"
+        started = time.monotonic()
         try:
+            if progress and resumed is not None:
+                print(resumed.message(), file=progress_file or sys.stdout, flush=True)
             storage = optuna_storage(database.url)
             candidate_filter, oversample = make_candidate_filter(cost_model, database, target, seed=seed)
             if measurer is None:
@@ -199,27 +316,102 @@ def tune(
                 )
                 for i, t in enumerate(chosen)
             ]
-            display = LiveProgress(tuners, _budget_text(budget)) if progress else contextlib.nullcontext()
+            before = database.run_record_counts(run_id)
+            for t in tuners:
+                t.state.measured = before.get(t.task.workload_key, 0)
+            display: Any = contextlib.nullcontext()
+            if progress:
+                display = LiveProgress(
+                    tuners,
+                    _budget_text(budget, total_trials),
+                    total_trials=total_trials,
+                    seconds=budget.seconds,
+                    done=done_before,
+                    spent_seconds=spent_before,
+                    file=progress_file,
+                )
             with display as live:
                 scheduler = TaskScheduler(
-                    tuners, budget, batch, seed=seed, on_round=live.update if live is not None else None
+                    tuners, left, batch, seed=seed, on_round=live.update if live is not None else None
                 )
-                try:
-                    measured = scheduler.run()
-                except KeyboardInterrupt:
-                    interrupted, measured = True, scheduler.measured
+                if _has_budget(left):
+                    try:
+                        scheduler.run()
+                    except KeyboardInterrupt:
+                        interrupted = True
+            outcome = "interrupted" if interrupted else "complete"
         finally:
             try:
                 if own_measurer and measurer is not None:
                     measurer.close()
             finally:
-                database.finish_run(run_id)
+                spent = spent_before + time.monotonic() - started
+                database.finish_run(run_id, {**spec, "outcome": outcome, "spent_seconds": round(spent, 3)})
+        counts = database.run_record_counts(run_id)
+        results = [
+            dataclasses.replace(TaskResult.of(t), measured=counts.get(t.task.workload_key, 0)) for t in tuners
+        ]
+        stored = sum(counts.values())
         timing = None
         if time_model and not interrupted and not tasks and target.kind == "cpu":
             timing = time_compiled_model(graph, target, database)
     return TuneSummary(
-        run_id, graph.name, target.key, [TaskResult.of(t) for t in tuners], measured, interrupted, timing
+        run_id,
+        graph.name,
+        target.key,
+        results,
+        stored - done_before,
+        interrupted,
+        timing,
+        stored=stored,
+        budget_trials=total_trials,
+        budget_seconds=budget.seconds,
+        resumed=resumed,
     )
+
+
+def _has_budget(budget: Budget) -> bool:
+    return not (budget.trials == 0 or (budget.seconds is not None and budget.seconds <= 0))
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _resume_key(spec: dict) -> dict:
+    return {k: spec.get(k) for k in ("trials", "seconds", "trials_per_task", "sampler", "args")}
+
+
+def _unfinished_run(
+    db: TuningDatabase, graph: Graph, target: Target, spec: dict
+) -> tuple[int, Resume] | None:
+    """The latest run of this model (same structure) on ``target`` with the same budget and arguments,
+    when it did not complete, with what it had stored and spent; None otherwise."""
+    model_hash = graph.structural_hash()
+    same = [
+        r
+        for r in db.runs(graph.name)
+        if r.model_hash == model_hash
+        and r.target_key == target.key
+        and "args" in r.budget
+        and _resume_key(r.budget) == _resume_key(spec)
+    ]
+    if not same:
+        return None
+    run = max(same, key=lambda r: r.id)
+    if run.budget.get("outcome") == "complete":
+        return None
+    done = sum(db.run_record_counts(run.id).values())
+    spent = float(run.budget.get("spent_seconds") or 0.0)
+    if run.budget.get("outcome") is None:  # killed: the time up to its last record counts as spent
+        last = db.run_last_record_at(run.id)
+        since = run.budget.get("resumed_at")
+        start = run.started_at
+        if since:
+            start = datetime.strptime(since, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        if last is not None and last > start:
+            spent += (last - start).total_seconds()
+    return run.id, Resume(run.id, done, spec["trials"], spent, spec["seconds"])
 
 
 def _begin_run(
@@ -227,27 +419,28 @@ def _begin_run(
     graph: Graph,
     target: Target,
     tasks: Sequence[Task],
-    budget: Budget,
-    sampler: str,
+    spec: dict,
     whole: bool,
     cmd: str | None,
 ) -> int:
     """Commit the target, the tasks' workloads (and, for a whole-model run, the model's task list), then
-    open a run row and return its id."""
+    open a run row (its budget JSON holds the budget and the arguments a rerun must match to resume it)
+    and return its id."""
     db.commit_target(target.key, target.to_json())
     for t in tasks:
         db.commit_workload(t.workload_key, t.group.canonical(), t.kind, t.flops, t.bytes)
     model_hash = graph.structural_hash()
     if whole:
         db.register_model_tasks(graph.name, model_hash, [(t.workload_key, t.weight) for t in tasks])
-    spec = {"trials": budget.trials, "seconds": budget.seconds, "sampler": sampler}
     return db.begin_run(graph.name, model_hash, target.key, spec, cmd or f"tuner.tune({graph.name!r})")
 
 
-def _budget_text(budget: Budget) -> str:
+def _budget_text(budget: Budget, total_trials: int | None) -> str:
     """The budget as the progress display names it: ``64 trials``, ``90s``, ``10m``, ``1h``."""
-    if budget.trials is not None:
-        return f"{budget.trials} trials"
+    if total_trials is not None:
+        if budget.trials_per_task is not None:
+            return f"{total_trials} trials ({budget.trials_per_task} per task)"
+        return f"{total_trials} trials"
     seconds = float(budget.seconds or 0)
     for unit, size in (("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
@@ -265,4 +458,4 @@ def time_compiled_model(graph: Graph, target: Target, db: TuningDatabase) -> Mod
     return ModelTiming(default, tuned, used, len(tuned_model.kernels))
 
 
-__all__ = ["Budget", "ModelTiming", "TaskResult", "TuneSummary", "compile", "select_tasks", "tune"]
+__all__ = ["Budget", "ModelTiming", "Resume", "TaskResult", "TuneSummary", "compile", "select_tasks", "tune"]

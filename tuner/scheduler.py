@@ -19,12 +19,23 @@ from tuner.search import TaskTuner
 
 @dataclass
 class Budget:
+    """A tuning budget: measured trials in total, trials per selected task, and/or wall-clock seconds."""
+
     trials: int | None = None
     seconds: float | None = None
+    trials_per_task: int | None = None
 
     def __post_init__(self) -> None:
-        if self.trials is None and self.seconds is None:
-            raise ValueError("a budget needs trials or seconds")
+        if self.trials is None and self.seconds is None and self.trials_per_task is None:
+            raise ValueError("a budget needs trials, trials per task or seconds")
+        if self.trials is not None and self.trials_per_task is not None:
+            raise ValueError("a budget has trials or trials per task, not both")
+
+    def total_trials(self, n_tasks: int) -> int | None:
+        """The number of measured trials this budget allows over ``n_tasks`` tasks (None: no limit)."""
+        if self.trials_per_task is not None:
+            return self.trials_per_task * n_tasks
+        return self.trials
 
 
 def model_latency(tuners: Sequence[TaskTuner], which: str = "best") -> float | None:

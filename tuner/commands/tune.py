@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import sys
 
 from compiler.errors import KilnError
-from tuner.commands.common import add_model_arg, load_model_arg, print_table
+from tuner.commands.common import add_model_arg, load_model_arg, positive_int, print_table
 from tuner.progress import COLUMNS, task_rows
 from tuner.scheduler import Budget
 
@@ -23,12 +25,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tune",
         help="tune a model's kernels and record every measurement",
         description="Search each kernel's schedule space with Optuna, measuring candidates on the target and "
-        "committing every result to the tuning database. Rerunning continues where it stopped.",
+        "committing every result to the tuning database. Rerunning an interrupted tune with the same "
+        "arguments continues its run and spends only the budget it had left.",
     )
     add_model_arg(p)
     p.add_argument("--target", default="cpu", help="cpu (this host) or cuda")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--trials", type=int, help="total measured candidates across tasks")
+    budget.add_argument(
+        "--trials-per-task",
+        type=positive_int,
+        metavar="N",
+        help="measured candidates per selected task (the total is N x tasks)",
+    )
     budget.add_argument("--time-budget", help="wall-clock budget, e.g. 90s, 10m, 1h")
     p.add_argument(
         "--db", default=None, help="tuning database URL (default: $KILN_DB, else sqlite:///kiln.db)"
@@ -51,6 +60,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="build processes (default: cores)")
     p.add_argument("--no-summary", action="store_true", help="skip the whole-model default vs tuned timing")
+    p.add_argument(
+        "--new-run",
+        action="store_true",
+        help="start a new run even when an unfinished run with the same arguments could be resumed",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default), or json: the summary as JSON on stdout, progress on stderr",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw best-so-far latency per task over trials into this file (needs matplotlib)",
+    )
     p.set_defaults(handler=run_tune)
 
 
@@ -59,12 +84,15 @@ def run_tune(args: argparse.Namespace) -> int:
 
     if args.trials is not None and args.trials < 1:
         raise KilnError("--trials must be at least 1")
+    if args.plot:
+        _check_plotting()
     seconds = parse_duration(args.time_budget) if args.time_budget else None
+    as_json = args.format == "json"
     summary = tune(
         load_model_arg(args),
         args.target,
         args.db,
-        Budget(args.trials, seconds),
+        Budget(args.trials, seconds, args.trials_per_task),
         tasks=args.tasks,
         sampler=args.sampler,
         batch=args.batch,
@@ -74,10 +102,25 @@ def run_tune(args: argparse.Namespace) -> int:
         workers=args.workers,
         time_model=not args.no_summary,
         progress=True,
+        progress_file=sys.stderr if as_json else None,
         command_line=" ".join(["kiln", *args.argv]),
+        resume=not args.new_run,
     )
+    plotted = _plot(summary, args) if args.plot else None
+    if as_json:
+        data = summary.to_json()
+        data["plot"] = str(plotted) if plotted else None
+        print(json.dumps(data, indent=2))
+        return 130 if summary.interrupted else 0
     rows = task_rows(summary.tasks)
     print_table(rows, COLUMNS, title=f"kiln tune {summary.model} on {summary.target}")
+    budget = f" of {summary.budget_trials}" if summary.budget_trials is not None else ""
+    print(
+        f"run {summary.run_id}: {summary.stored}{budget} trials stored"
+        + (f" ({summary.measured} by this invocation)" if summary.resumed is not None else "")
+    )
+    if plotted:
+        print(f"tuning curves written to {plotted}")
     if summary.interrupted:
         print("interrupted: every committed result is kept; rerun the same command to continue")
         return 130
@@ -88,3 +131,23 @@ def run_tune(args: argparse.Namespace) -> int:
             f"({t.speedup:.2f}x); {t.kernels_from_records} of {t.kernels} kernels use tuned records"
         )
     return 0
+
+
+def _check_plotting() -> None:
+    """Refuse --plot before tuning when matplotlib is missing (not after spending the budget)."""
+    import importlib.util
+
+    from tuner.curves import PLOT_HINT
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise KilnError(PLOT_HINT)
+
+
+def _plot(summary, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Draw the curves of the run's tasks (all their records on the target, in measurement order)."""
+    from db.database import TuningDatabase
+    from tuner.curves import curve_of, plot_curves
+
+    with TuningDatabase.open(args.db) as db:
+        curves = [curve_of(db, r.task.workload_key, summary.target, r.task.name) for r in summary.tasks]
+    return plot_curves(curves, args.plot, f"kiln tune {summary.model} on {summary.target}")
