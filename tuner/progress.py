@@ -177,7 +177,7 @@ class LiveProgress:
         self.measured += n
         self.done += n
         if self.live is not None:
-            self.live.update(self.renderable())
+            self.live.update(self.renderable(), refresh=True)  # every batch is drawn, however quick
         else:
             s = tuner.state
             eta = self.eta_seconds()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
+from collections.abc import Callable
 
 from compiler.errors import KilnError
 from tuner.commands.common import add_model_arg, load_model_arg, parse_input_shapes
@@ -28,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "omit to compile with default schedules only",
     )
     p.add_argument("--use-db", action="store_true", help="use the default database even without --db")
-    p.set_defaults(handler=run_compile)
+    _add_format_arg(p)
+    p.set_defaults(handler=_json_result(run_compile))
 
     r = subparsers.add_parser(
         "run",
@@ -41,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--repeats", type=int, default=20, help="timed runs (default 20)")
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--check", action="store_true", help="compare with the numpy reference of the model")
-    r.set_defaults(handler=run_run)
+    _add_format_arg(r)
+    r.set_defaults(handler=_json_result(run_run))
 
 
 def run_compile(args: argparse.Namespace) -> int:
@@ -59,6 +64,14 @@ def run_compile(args: argparse.Namespace) -> int:
     model.meta["input_shapes"] = {k: list(v) for k, v in parse_input_shapes(args.input_shape).items()}
     model.save(args.output)
     tuned = sum(1 for k in model.kernels if k.extra.get("origin") == "record")
+    args.result = {
+        "model": graph.name,
+        "target": model.target.key,
+        "output": args.output,
+        "kernels": len(model.kernels),
+        "kernels_from_records": tuned if db is not None else None,
+        "default_schedule": [k.name for k in model.kernels if k.extra.get("origin") != "record"],
+    }
     print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
     if db is not None:
         print(f"coverage: {tuned} of {len(model.kernels)} kernels use tuning records")
@@ -93,6 +106,19 @@ def run_run(args: argparse.Namespace) -> int:
     inputs = _inputs(model, args.inputs)
     outputs = model.run(inputs)
     stats = model.timeit(inputs, repeats=args.repeats, warmup=args.warmup)
+    args.result = {
+        "model": model.name,
+        "target": model.target.key,
+        "median_us": stats["median_us"],
+        "min_us": min(stats["samples_us"]),
+        "max_us": max(stats["samples_us"]),
+        "repeats": args.repeats,
+        "outputs": [
+            {"name": spec["name"], "dtype": str(o.dtype), "shape": list(o.shape)}
+            for spec, o in zip(model.output_specs, outputs)
+        ],
+        "check": None,
+    }
     print(
         f"{model.name} on {model.target.key}: median {stats['median_us']:.1f} us over {args.repeats} runs "
         f"(min {min(stats['samples_us']):.1f}, max {max(stats['samples_us']):.1f})"
@@ -111,7 +137,33 @@ def run_run(args: argparse.Namespace) -> int:
         refs = run_reference(graph, inputs)
         worst = max(float(np.abs(o - r).max() / max(1.0, np.abs(r).max())) for o, r in zip(outputs, refs))
         print(f"  max |err| / max |ref| vs the numpy reference: {worst:.2e}")
+        args.result["check"] = {"max_rel_err": worst, "ok": worst <= 1e-4}
         if worst > 1e-4:
             print("kiln run: outputs differ from the reference", file=sys.stderr)
             return 1
     return 0
+
+def _add_format_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default), or json: the result as JSON on stdout, other output on stderr",
+    )
+
+
+def _json_result(
+    handler: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """``handler`` with ``--format json``: its text goes to stderr and the ``args.result`` it sets is
+    printed as JSON on stdout."""
+
+    def run(args: argparse.Namespace) -> int:
+        if args.format != "json":
+            return handler(args)
+        with contextlib.redirect_stdout(sys.stderr):
+            code = handler(args)
+        print(json.dumps({**getattr(args, "result", {}), "exit_status": code}, indent=2))
+        return code
+
+    return run

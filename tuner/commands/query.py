@@ -1,5 +1,5 @@
 """`kiln query ...`: read the tuning database from the command line (workloads, best records, records,
-coverage of a model, targets, models, runs).
+coverage of a model, tuning curves, targets, models, runs).
 
 Every command takes ``--db URL`` (default: env ``KILN_DB``, then ``sqlite:///kiln.db``); ``--target`` takes a
 full target key or a prefix such as ``cpu`` or ``cuda/sm_90`` that names exactly one target in the database.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from compiler.errors import KilnError
 from compiler.frontend.onnx_common import sanitize
 from db.errors import UnknownKeyError
 from db.status import Status
@@ -71,6 +72,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", metavar="NAME", type=_model_name, required=True)
     p.add_argument("--target", metavar="T", required=True, help="target key or unique prefix (cpu, cuda)")
     p.set_defaults(handler=_query_coverage)
+
+    p = qsub.add_parser(
+        "curve",
+        parents=[formatted],
+        help="tuning curves: best-so-far latency per task of a model over its trials",
+    )
+    p.add_argument("--model", metavar="NAME", type=_model_name, required=True)
+    p.add_argument("--target", metavar="T", help="target key or unique prefix (default: the only one used)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the curves into this file (needs matplotlib)")
+    p.set_defaults(handler=_query_curve)
 
     p = qsub.add_parser("runs", parents=[formatted], help="list tuning runs")
     p.add_argument("--model", metavar="NAME", type=_model_name, help="only runs of this model")
@@ -221,6 +232,35 @@ def _query_coverage(args: argparse.Namespace) -> int:
             f"\n{args.model} on {target}: {n_tuned}/{len(coverage)} tasks tuned "
             f"({100.0 * tuned_weight / total:.0f}% of the weighted tasks)"
         )
+    return 0
+
+
+def _query_curve(args: argparse.Namespace) -> int:
+    from tuner.curves import CURVE_COLUMNS, curve_rows, model_curves, plot_curves
+
+    with open_database(args) as db:
+        tasks = db.model_tasks(args.model)
+        if not tasks:
+            raise _no_tasks(args.model)
+        if args.target:
+            target = db.resolve_target(args.target)
+        else:
+            used = sorted({r.target_key for key, _ in tasks for r in db.find_records(key)})
+            if len(used) != 1:
+                found = ", ".join(used) or "none"
+                raise KilnError(
+                    f"{args.model} has records on {len(used)} targets ({found}); name one with --target"
+                )
+            (target,) = used
+        curves = model_curves(db, args.model, target)
+    if args.plot:
+        path = plot_curves(curves, args.plot, f"{args.model} on {target}")
+        print(f"tuning curves of {len(curves)} tasks written to {path}")
+        return 0
+    rows = curve_rows(curves)
+    for r in rows:
+        r["workload"] = _short(r["workload"], args.format)
+    emit_rows(rows, CURVE_COLUMNS, args)
     return 0
 
 
