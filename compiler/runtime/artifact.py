@@ -8,15 +8,20 @@
 * ``params.npz``: the params, read back with ``allow_pickle=False`` (no pickle anywhere).
 
 Every file is written atomically (:mod:`compiler.runtime.module_cache`: a temporary file, then
-``os.replace``) and the manifest last, so a directory with a manifest is complete. This module reads and
-writes the files; :class:`~compiler.runtime.executor.CompiledModel` turns them into a model.
+``os.replace``) and the manifest last, so a directory with a manifest is complete. Every file gets the same
+mode, ``0666`` less the process umask (what ``open()`` would give), not the temporary file's ``0600``.
+This module reads and writes the files; :class:`~compiler.runtime.executor.CompiledModel` turns them into
+a model. A missing or damaged file is a :class:`~compiler.errors.KilnError` naming the file and the
+``kiln compile`` command that rewrites the directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +30,56 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import KilnError
-from compiler.runtime.module_cache import replacing, write_atomic
+from compiler.runtime.module_cache import replacing
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARAMS = "params.npz"
+# What read_model and CompiledModel.load need from a manifest.
+REQUIRED = (
+    "name", "target", "kernels", "buffers", "launches", "inputs", "input_names", "outputs", "source",
+    "source_sha256", "params",
+)  # fmt: skip
+
+
+def file_mode() -> int:
+    """The mode a new file gets in this process: ``0o666`` less the umask."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no portable way to read the umask without setting it
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _write(path: Path, data: bytes | None = None, params: Mapping[int, np.ndarray] | None = None) -> None:
+    """Write ``data`` (or ``params`` as an npz) to ``path`` atomically with :func:`file_mode`."""
+    with replacing(path) as tmp:
+        if params is not None:
+            np.savez(tmp, **{f"p{i}": a for i, a in params.items()})
+        else:
+            tmp.write_bytes(data or b"")
+        os.chmod(tmp, file_mode())
+
+
+def recompile_hint(directory: Path, manifest: Mapping[str, Any] | None = None) -> str:
+    """What to run to rewrite ``directory``: the ``kiln compile`` command, as exact as the manifest allows."""
+    meta = (manifest or {}).get("meta") or {}
+    source = meta.get("model_source") or meta.get("model") or "MODEL"
+    shapes = meta.get("input_shapes") or {}
+    target = (manifest or {}).get("target")
+    parts = ["kiln compile", f"--model {source}"]
+    if isinstance(shapes, dict):
+        parts += [f"--input-shape {k}={'x'.join(str(d) for d in v)}" for k, v in shapes.items()]
+    if isinstance(target, dict) and target.get("kind") not in (None, "cpu"):
+        parts.append(f"--target {target['kind']}")
+    parts.append(f"-o {directory}")
+    return f"recompile it with `{' '.join(parts)}`"
+
 
 def format_name(backend: str) -> str:
     """The manifest ``format`` of a model of ``backend`` (``kiln-cpu-model``)."""
@@ -71,25 +121,32 @@ def write_model(
         "source_sha256": hashlib.sha256(data).hexdigest(),
         "params": PARAMS,
     }
-    write_atomic(directory / source_name, data)
+    _write(directory / source_name, data)
     for name, content in (files or {}).items():
-        write_atomic(directory / name, content)
-    with replacing(directory / PARAMS) as tmp:
-        np.savez(tmp, **{f"p{i}": a for i, a in params.items()})
+        _write(directory / name, content)
+    _write(directory / PARAMS, params=params)
     path = directory / MANIFEST
-    write_atomic(path, json.dumps(full, indent=2, sort_keys=True).encode())
+    _write(path, json.dumps(full, indent=2, sort_keys=True).encode())
     return path
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The parsed ``manifest.json`` of ``directory`` (KilnError when it is missing or not JSON)."""
     path = directory / MANIFEST
+    if not directory.is_dir():
+        raise KilnError(f"{directory} is not a directory; compile a model into it with `kiln compile`")
+    if not path.is_file():
+        raise KilnError(
+            f"{path} is missing: {directory} is not a complete compiled model; {recompile_hint(directory)}"
+        )
     try:
         manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise KilnError(f"cannot read compiled model manifest {path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KilnError(f"cannot read {path}: {exc.strerror or exc}; {recompile_hint(directory)}") from None
+    except ValueError as exc:
+        raise KilnError(f"{path} is damaged (not JSON: {exc}); {recompile_hint(directory)}") from None
     if not isinstance(manifest, dict):
-        raise KilnError(f"{path} is not a compiled model manifest (a JSON object)")
+        raise KilnError(f"{path} is damaged (not a JSON object); {recompile_hint(directory)}")
     return manifest
 
 
@@ -107,10 +164,25 @@ def read_model(directory: Path) -> SavedModel:
             f"{path} has format version {version!r}; this Kiln reads version {FORMAT_VERSION}: "
             "recompile the model"
         )
-    source_path = directory / manifest["source"]
-    source = source_path.read_bytes()
+    hint = recompile_hint(directory, manifest)
+    missing = [k for k in REQUIRED if k not in manifest]
+    if missing:
+        raise KilnError(f"{path} is damaged (no {', '.join(missing)}); {hint}")
+    source_path = directory / str(manifest["source"])
+    try:
+        source = source_path.read_bytes()
+    except FileNotFoundError:
+        raise KilnError(f"{source_path} is missing; {hint}") from None
+    except OSError as exc:
+        raise KilnError(f"cannot read {source_path}: {exc.strerror or exc}; {hint}") from None
     if hashlib.sha256(source).hexdigest() != manifest["source_sha256"]:
-        raise KilnError(f"{source_path} does not match its manifest (edited or corrupted)")
-    with np.load(directory / manifest["params"], allow_pickle=False) as npz:
-        params = {int(k[1:]): npz[k] for k in npz.files}
+        raise KilnError(f"{source_path} does not match its manifest (edited or damaged); {hint}")
+    params_path = directory / str(manifest["params"])
+    try:
+        with np.load(params_path, allow_pickle=False) as npz:
+            params = {int(k[1:]): npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise KilnError(f"{params_path} is missing; {hint}") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise KilnError(f"{params_path} is damaged ({exc}); {hint}") from None
     return SavedModel(directory, m.group(1), manifest, source.decode(), params)

@@ -38,7 +38,7 @@ from compiler.backends import get_backend
 from compiler.dtypes import to_numpy
 from compiler.errors import KilnError
 from compiler.runtime import artifact
-from compiler.runtime.memory_plan import BufferSpec, Launch, plan_memory
+from compiler.runtime.memory_plan import BufferSpec, Launch, check_fits, plan_memory
 from compiler.target import Target
 
 
@@ -118,6 +118,7 @@ class CompiledModel(ABC):
         self.by_id = {b.id: b for b in self.buffers}
         self.plan = plan_memory(self.buffers, self.launches)
         self.roots = self.plan.roots
+        check_fits(name, self.plan.total_bytes(self.buffers))  # a one-line error, not numpy's MemoryError
         for ids, role in ((self.inputs, "input"), (self.outputs, "output")):
             for i in ids:
                 if i not in self.by_id or self.by_id[i].role != role:
@@ -330,7 +331,20 @@ class CompiledModel(ABC):
         if not issubclass(impl, cls):
             raise KilnError(f"{directory} holds a {saved.backend} model, not a {cls.backend} one")
         m = saved.manifest
-        fields = {
+        try:
+            fields = cls._saved_fields(saved)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise KilnError(
+                f"{saved.directory / artifact.MANIFEST} is damaged ({type(exc).__name__}: {exc}); "
+                + artifact.recompile_hint(saved.directory, m)
+            ) from None
+        return impl._from_saved(saved, fields, **options)
+
+    @staticmethod
+    def _saved_fields(saved: artifact.SavedModel) -> dict[str, Any]:
+        """The constructor's shared arguments from a saved manifest (KeyError/TypeError when damaged)."""
+        m = saved.manifest
+        return {
             "name": m["name"],
             "target": Target.from_json(m["target"]),
             "source": saved.source,
@@ -343,7 +357,6 @@ class CompiledModel(ABC):
             "outputs": m["outputs"],
             "meta": m.get("meta") or {},
         }
-        return impl._from_saved(saved, fields, **options)
 
     @classmethod
     def _from_saved(cls, saved: artifact.SavedModel, fields: dict[str, Any], **options: Any) -> CompiledModel:

@@ -10,11 +10,16 @@ as many elements (e.g. a reshape); it costs nothing and extends its root's lifet
 
 All storages are laid out in one arena (64-byte aligned offsets): ``peak_bytes`` is its size, to compare with
 ``naive_bytes``, the sum of every intermediate's size.
+
+``check_fits`` refuses a model whose buffers need more memory than this machine has available
+(:class:`ModelTooLargeError`, naming the model, the bytes needed and the bytes available), so a huge shape
+is a one-line error before any allocation rather than numpy's ``MemoryError``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +30,45 @@ from compiler.errors import KilnError
 
 ROLES = ("input", "output", "param", "intermediate")
 ALIGN = 64
+
+
+class ModelTooLargeError(KilnError):
+    """A model whose buffers need more memory than this machine has available."""
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for people: ``37.3 GiB``, ``512 B``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation on this machine: ``MemAvailable`` from
+    /proc/meminfo (Linux), else the free physical pages; None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_fits(model: str, needed: int, what: str = "its buffers") -> None:
+    """Raise :class:`ModelTooLargeError` when ``needed`` bytes exceed this machine's available memory."""
+    available = available_memory()
+    if available is not None and needed > available:
+        raise ModelTooLargeError(
+            f"model {model} does not fit in memory: {what} need {format_bytes(needed)} ({needed:,} bytes), "
+            f"this machine has {format_bytes(available)} available; use smaller input shapes"
+        )
 
 
 @dataclass(frozen=True)
@@ -93,6 +137,13 @@ class MemoryPlan:
     peak_bytes: int
     naive_bytes: int
     roots: dict[int, int] = field(default_factory=dict)
+
+    def total_bytes(self, buffers: list[BufferSpec]) -> int:
+        """Bytes every buffer of the model occupies at once: the arena, plus each unplanned root buffer
+        (inputs, outputs, params, pinned intermediates) once; aliases cost nothing."""
+        by_id = {b.id: b for b in buffers}
+        unplanned = {r for r in self.roots.values() if r not in self.offsets}
+        return self.peak_bytes + sum(by_id[r].nbytes for r in unplanned if r in by_id)
 
     def summary(self) -> dict[str, Any]:
         return {
