@@ -113,7 +113,10 @@ def make_engine(url: str, *, create: bool = True) -> Engine:
         else:
             if not path.exists():
                 if not create or is_readonly_sqlite(url):
-                    raise DatabaseNotFoundError(f"no database at {shown}: file {str(path)!r} does not exist")
+                    raise DatabaseNotFoundError(
+                        f"no database at {shown}: file {str(path)!r} does not exist "
+                        "(`kiln tune` creates one; give another with --db URL or $KILN_DB)"
+                    )
                 if not path.parent.exists():
                     raise DatabaseConnectionError(
                         f"cannot create {shown}: directory {str(path.parent)!r} does not exist"

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tuner.api import Budget, TuneSummary, compile, tune
 
+__version__ = "0.1.0"  # the distribution's version (pyproject.toml reads it from here)
+
 __all__ = ["Budget", "TuneSummary", "compile", "tune"]
 
 

@@ -1,5 +1,10 @@
-"""Helpers shared by `kiln` commands: model loading options, table output, and the options and database
-opening shared by the commands that read or maintain the tuning database (`kiln query`, `kiln db`)."""
+"""Helpers shared by `kiln` commands: model loading options (``--model``, ``--input-shape``: refused for a
+built-in model, whose shapes are fixed; an ONNX file without the ``onnx`` package is a one-line error naming
+the extra to install; a model whose inputs, params and outputs alone exceed the available memory is
+refused), table output, and the options and database opening shared by the commands that read or maintain
+the tuning database (`kiln query`, `kiln db`, `kiln compile --db`).
+
+``DEFAULT_DB_HELP`` is how every command's ``--db`` help names the default database."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import json
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from compiler.errors import KilnError
@@ -23,6 +29,10 @@ if TYPE_CHECKING:
 
 # Every record status, as the --status options of `kiln query records` and `kiln db export` accept it.
 STATUS_CHOICES = tuple(s.value for s in Status)
+
+# How every command's --db option names the default database.
+DEFAULT_DB_HELP = "default: $KILN_DB, else sqlite:///kiln.db"
+ONNX_INSTALL = 'pip install "kiln-tuner[onnx]" (from a clone: pip install -e ".[onnx]")'
 
 
 def add_model_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -54,8 +64,42 @@ def parse_input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_model_arg(args: argparse.Namespace):
-    return load_model(args.model, parse_input_shapes(getattr(args, "input_shape", [])))
+def is_onnx_path(model: str) -> bool:
+    """Whether ``--model`` names an ONNX file (as :func:`compiler.frontend.load_model` decides)."""
+    return model.endswith(".onnx")
+
+
+def require_onnx(what: str) -> None:
+    """A one-line KilnError naming the extra to install when the ``onnx`` package is missing."""
+    if find_spec("onnx") is None:
+        raise KilnError(f"{what} needs the onnx package, which is not installed: {ONNX_INSTALL}")
+
+
+def check_model_fits(graph: Any) -> None:
+    """Refuse a model whose inputs, params and outputs alone need more memory than is available."""
+    from compiler.runtime.memory_plan import check_fits
+
+    values = {id(v): v for v in (*graph.inputs, *graph.params, *graph.outputs)}
+    needed = sum(v.type.nbytes for v in values.values())
+    check_fits(graph.name, needed, "its inputs, params and outputs")
+
+
+def load_model_arg(args: argparse.Namespace, *, check_memory: bool = True):
+    """The graph ``--model``/``--input-shape`` name. ``--input-shape`` is refused for a built-in model;
+    ``check_memory`` refuses a model whose inputs, params and outputs do not fit in memory."""
+    shapes = parse_input_shapes(getattr(args, "input_shape", []))
+    if is_onnx_path(args.model):
+        require_onnx(f"--model {args.model}")
+    elif shapes:
+        given = " ".join(f"--input-shape {s}" for s in args.input_shape)
+        raise KilnError(
+            f"{given} does not apply to the built-in model {args.model}: its shapes are fixed "
+            "(--input-shape sets dynamic dimensions of an ONNX file)"
+        )
+    graph = load_model(args.model, shapes)
+    if check_memory:
+        check_model_fits(graph)
+    return graph
 
 
 def print_table(
@@ -91,7 +135,7 @@ def database_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser
         "--db",
         metavar="URL",
         default=None,
-        help="database URL (default: $KILN_DB, else sqlite:///kiln.db), e.g. postgresql://user@host/kiln",
+        help=f"database URL ({DEFAULT_DB_HELP}), e.g. postgresql://user@host/kiln",
     )
     formatted = argparse.ArgumentParser(add_help=False, parents=[common])
     formatted.add_argument(

@@ -1,4 +1,7 @@
-"""`kiln compile` and `kiln run`: build a model into a directory, run a compiled model."""
+"""`kiln compile` and `kiln run`: build a model into a directory, run a compiled model.
+
+`kiln compile --db URL` / `--use-db` only reads the tuning database: one that does not exist is an error
+(never created empty). A model whose buffers do not fit in memory is refused with the bytes it needs."""
 
 from __future__ import annotations
 
@@ -9,7 +12,13 @@ import sys
 from collections.abc import Callable
 
 from compiler.errors import KilnError
-from tuner.commands.common import add_model_arg, load_model_arg, parse_input_shapes
+from tuner.commands.common import (
+    DEFAULT_DB_HELP,
+    add_model_arg,
+    load_model_arg,
+    open_database,
+    parse_input_shapes,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--db",
         default=None,
-        help="tuning database URL (default: $KILN_DB, else sqlite:///kiln.db); "
-        "omit to compile with default schedules only",
+        help=f"tuning database URL ({DEFAULT_DB_HELP}); omit it and --use-db to compile with default "
+        "schedules only",
     )
     p.add_argument("--use-db", action="store_true", help="use the default database even without --db")
     _add_format_arg(p)
@@ -54,11 +63,10 @@ def run_compile(args: argparse.Namespace) -> int:
 
     graph = load_model_arg(args)
     db = None
-    if args.db or args.use_db:
-        from db.database import TuningDatabase
-
-        db = TuningDatabase.open(args.db)
-    model = kiln_compile(graph, args.target, db=db)
+    with contextlib.ExitStack() as stack:
+        if args.db or args.use_db:  # read only: a database that does not exist is an error, not created
+            db = stack.enter_context(open_database(args, create=False))
+        model = kiln_compile(graph, args.target, db=db)
     # what `kiln run --check` needs to rebuild the reference: the model name or ONNX path and its shapes
     model.meta["model_source"] = args.model
     model.meta["input_shapes"] = {k: list(v) for k, v in parse_input_shapes(args.input_shape).items()}
@@ -142,6 +150,7 @@ def run_run(args: argparse.Namespace) -> int:
             print("kiln run: outputs differ from the reference", file=sys.stderr)
             return 1
     return 0
+
 
 def _add_format_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -19,7 +19,7 @@ from cost_model.dataset import load_dataset
 from cost_model.evaluate import cross_validate, plot
 from cost_model.features import FEATURE_NAMES, FEATURE_VERSION
 from cost_model.model import create_model
-from tuner.commands.common import print_table
+from tuner.commands.common import DEFAULT_DB_HELP, print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.required = True
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", default=None, help="tuning database URL (default: $KILN_DB, else kiln.db)")
+    common.add_argument("--db", default=None, help=f"tuning database URL ({DEFAULT_DB_HELP})")
     common.add_argument("--target", required=True, help="target key or unique prefix (cpu, cuda/sm_90)")
     common.add_argument("--seed", type=int, default=0)
 

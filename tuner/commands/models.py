@@ -1,14 +1,18 @@
-"""`kiln models`: list the built-in models (or summarize an ONNX file with --onnx)."""
+"""`kiln models`: list the built-in models, summarize an ONNX file (``--onnx FILE``), or write a built-in
+model as an ONNX file (``--export-onnx MODEL FILE.onnx``, what the README's ONNX example starts from).
+Both ONNX options need the ``onnx`` package (the ``onnx`` extra): without it they say what to install."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from compiler.frontend.models import MODELS
+from compiler.errors import KilnError
+from compiler.frontend.models import MODELS, get_model
 from compiler.frontend.onnx import summarize_onnx
 from compiler.passes import optimize
-from tuner.commands.common import print_table
+from tuner.commands.common import print_table, require_onnx
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--onnx",
         metavar="FILE",
         help="summarize an ONNX file instead: inputs with shapes, op histogram, which ops Kiln supports",
+    )
+    p.add_argument(
+        "--export-onnx",
+        nargs=2,
+        metavar=("MODEL", "FILE.onnx"),
+        help="write the built-in MODEL as an ONNX file (static shapes; tune it with --model FILE.onnx)",
     )
     p.set_defaults(handler=run)
 
@@ -64,8 +74,37 @@ def run_onnx(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_export(args: argparse.Namespace) -> int:
+    from compiler.frontend.onnx_export import export_onnx
+
+    name, out = args.export_onnx
+    require_onnx("--export-onnx")
+    if not out.endswith(".onnx"):
+        raise KilnError(f"--export-onnx {name} {out}: the file name must end in .onnx (how --model finds it)")
+    graph = get_model(name)
+    model = export_onnx(graph)
+    path = Path(out)
+    if not path.parent.is_dir():
+        raise KilnError(f"--export-onnx {name} {out}: directory {str(path.parent)!r} does not exist")
+    try:
+        path.write_bytes(model.SerializeToString())
+    except OSError as exc:
+        raise KilnError(f"cannot write {out}: {exc.strerror or exc}") from None
+    inputs = ", ".join(f"{v.name}: {v.type}" for v in graph.inputs)
+    print(
+        f"wrote {out}: model {name} ({inputs}), {len(model.graph.node)} ONNX nodes, opset "
+        f"{model.opset_import[0].version}"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.onnx and args.export_onnx:
+        raise KilnError("--onnx and --export-onnx do not go together: give one")
+    if args.export_onnx:
+        return run_export(args)
     if args.onnx:
+        require_onnx("--onnx")
         return run_onnx(args)
     rows = []
     for spec in MODELS.values():

@@ -92,5 +92,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(STAGES[args.stage](load_model_arg(args), args))
+    print(STAGES[args.stage](load_model_arg(args, check_memory=False), args))
     return 0
