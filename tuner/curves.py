@@ -106,7 +106,11 @@ def plot_curves(curves: Sequence[Curve], path: str | Path, title: str) -> Path:
             ys = [p.best_us for p in c.points if p.best_us is not None]
             ax.step(xs, ys, where="post", label=f"{c.label} ({ys[-1]:,.1f} us)")
         ax.set_xlabel("trial (records in measurement order)")
-        ax.set_ylabel("best latency so far (us)")
+        values = [p.best_us for c in drawn for p in c.points if p.best_us is not None]
+        log = max(values) > 20 * min(values)  # a slow default would flatten the rest of the curve
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel("best latency so far (us" + (", log scale)" if log else ")"))
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")

@@ -6,11 +6,16 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compiler.errors import KilnError
 from tuner.commands.common import add_model_arg, load_model_arg, positive_int, print_table
 from tuner.progress import COLUMNS, task_rows
 from tuner.scheduler import Budget
+
+if TYPE_CHECKING:
+    from tuner.api import TuneSummary
 
 
 def parse_duration(text: str) -> float:
@@ -143,7 +148,7 @@ def _check_plotting() -> None:
         raise KilnError(PLOT_HINT)
 
 
-def _plot(summary, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _plot(summary: TuneSummary, args: argparse.Namespace) -> Path:
     """Draw the curves of the run's tasks (all their records on the target, in measurement order)."""
     from db.database import TuningDatabase
     from tuner.curves import curve_of, plot_curves
