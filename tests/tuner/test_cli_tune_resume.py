@@ -6,12 +6,17 @@ database. Measurements are simulated (tuner.measure.sim), so no compiler or timi
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
 import zlib
 
 import pytest
 
 from db.database import TuningDatabase
-from tests.cli import kiln
+from tests.cli import kiln, kiln_command
 from tuner.api import tune
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
@@ -212,3 +217,49 @@ def test_trials_per_task_on_the_command_line(url: str, simulated_cli: list) -> N
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     zero = kiln("tune", "--model", "mlp", "--trials-per-task", "0", "--db", url)
     assert zero.returncode == 2 and "must be at least 1" in zero.stderr
+
+
+def test_a_killed_kiln_tune_is_finished_by_the_same_command(tmp_path) -> None:
+    """A real `kiln tune` process killed with SIGKILL (no end time, no outcome): the same command
+    measures only what its budget had left, under the same run."""
+    path = tmp_path / "k.db"
+    args = (
+        "tune",
+        "--model",
+        "layernorm",
+        "--trials",
+        "40",
+        "--batch",
+        "4",
+        "--db",
+        f"sqlite:///{path}",
+        "--no-summary",
+    )
+    proc = subprocess.Popen(
+        kiln_command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            try:
+                with sqlite3.connect(path) as c:
+                    if c.execute("select count(*) from kiln_records").fetchone()[0] >= 8:
+                        break
+            except sqlite3.Error:
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with sqlite3.connect(path) as c:
+        before = c.execute("select count(*) from kiln_records").fetchone()[0]
+    assert 8 <= before < 40
+    out = kiln(*args)
+    assert out.returncode == 0, out.stderr
+    assert f"resuming run 1: {before} of 40 trials done, {40 - before} left" in out.stdout
+    assert f"run 1: 40 of 40 trials stored ({40 - before} by this invocation)" in out.stdout
+    with sqlite3.connect(path) as c:
+        assert c.execute("select count(*) from kiln_records").fetchone()[0] == 40
+        assert c.execute("select count(*) from kiln_runs").fetchone()[0] == 1
