@@ -1,0 +1,110 @@
+"""The ``kiln`` backend of ``torch.compile`` (entry point ``torch_dynamo_backends``), with a tuning database.
+
+``torch.compile(model, backend="kiln", dynamic=False, options={...})`` captures the model with Dynamo and
+hands each FX graph to :func:`kiln_backend`: the graph is lowered and converted by
+:func:`compiler.frontend.torch.kiln_backend` (which never sees the database: ``compiler`` does not import
+``tuner``), and every group uses the best valid record of the database, else its sketch's default.
+
+Options:
+- ``db``: a database URL (default ``$KILN_DB``; with neither, every group uses its default schedule);
+- ``target``: a target text such as ``cpu`` (default: ``cuda`` for CUDA inputs, else ``cpu``);
+- ``tune``: ``"off"`` (default) or a number of measured trials: each new graph's tasks are tuned into the
+  database on the first call, before it is compiled (``db`` or ``$KILN_DB`` needed).
+
+``tune_module(module, example_inputs, db, budget)`` tunes a torch module's tasks ahead of time (the same
+capture and conversion, then :func:`tuner.api.tune` per Kiln graph) and returns one summary per graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from compiler.errors import KilnError
+from compiler.frontend.torch import kiln_backend as convert_and_compile
+from compiler.graph import Graph
+from compiler.target import Target
+from db.database import TuningDatabase
+from tuner.api import TuneSummary, tune
+from tuner.records import database_config_source
+
+OPTIONS = ("db", "target", "tune")
+
+
+def _budget(value: Any) -> int | None:
+    """The ``tune`` option as a number of trials (None: off); one clear error for anything else."""
+    if value is None or value == "off" or value is False:
+        return None
+    try:
+        trials = int(value)
+    except (TypeError, ValueError):
+        raise KilnError(f"kiln backend option tune={value!r}: use 'off' or a number of trials") from None
+    if trials < 1:
+        raise KilnError(f"kiln backend option tune={value!r}: a tuning budget needs at least 1 trial")
+    return trials
+
+
+@contextlib.contextmanager
+def _database(url: str | None, create: bool) -> Iterator[TuningDatabase | None]:
+    url = url or os.environ.get("KILN_DB")
+    if url is None:
+        yield None
+        return
+    with TuningDatabase.open(url, create=create) as db:
+        yield db
+
+
+def kiln_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: dict[str, Any] | None = None,
+    summaries: list[TuneSummary] | None = None,
+    **_: Any,
+) -> Callable[..., Any]:
+    """A Dynamo backend: Kiln kernels with the database's best records (see the module doc).
+    ``summaries`` (for :func:`tune_module`) collects the summary of every tuning run."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise KilnError(f"unknown kiln backend option(s) {unknown}; the options are {', '.join(OPTIONS)}")
+    trials = _budget(options.get("tune", "off"))
+    if trials is not None and not (options.get("db") or os.environ.get("KILN_DB")):
+        raise KilnError("kiln backend option tune needs a database: options={'db': URL} or $KILN_DB")
+    inner: dict[str, Any] = {}
+    if options.get("target") is not None:
+        inner["target"] = Target.parse(options["target"])
+    with _database(options.get("db"), create=trials is not None) as db:
+        if db is not None:
+            inner["configs"] = database_config_source(db)
+        if trials is not None:
+
+            def on_graph(graph: Graph, target: Target) -> None:
+                summary = tune(graph, target, db, trials, time_model=False)
+                if summaries is not None:
+                    summaries.append(summary)
+
+            inner["on_graph"] = on_graph
+        return convert_and_compile(gm, example_inputs, options=inner)
+
+
+def tune_module(
+    module: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    db: str,
+    budget: int = 64,
+    target: str | None = None,
+) -> list[TuneSummary]:
+    """Tune the Kiln tasks of ``module`` on ``example_inputs`` (static shapes) into the database at ``db``
+    with ``budget`` measured trials per captured graph; returns one summary per graph Kiln compiled."""
+    summaries: list[TuneSummary] = []
+    options = {"db": db, "tune": budget, "target": target}
+    backend = functools.partial(kiln_backend, options=options, summaries=summaries)
+    compiled = torch.compile(module, backend=backend, dynamic=False)
+    with torch.no_grad():
+        compiled(*example_inputs)
+    return summaries
