@@ -31,6 +31,7 @@ from compiler.graph import Graph
 from compiler.target import Target
 from db.database import TuningDatabase
 from tuner.api import TuneSummary, tune
+from tuner.measure import Measurer
 from tuner.records import database_config_source
 
 OPTIONS = ("db", "target", "tune")
@@ -64,10 +65,13 @@ def kiln_backend(
     example_inputs: Sequence[Any],
     options: dict[str, Any] | None = None,
     summaries: list[TuneSummary] | None = None,
+    measurer: Measurer | None = None,
+    on_model: Callable[[Graph, Any], None] | None = None,
     **_: Any,
 ) -> Callable[..., Any]:
-    """A Dynamo backend: Kiln kernels with the database's best records (see the module doc).
-    ``summaries`` (for :func:`tune_module`) collects the summary of every tuning run."""
+    """A Dynamo backend: Kiln kernels with the database's best records (see the module doc). For Python
+    callers (``functools.partial``): ``summaries`` collects the summary of every tuning run, ``measurer``
+    replaces the local one while tuning, ``on_model`` is called with each Kiln graph and compiled model."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -75,7 +79,7 @@ def kiln_backend(
     trials = _budget(options.get("tune", "off"))
     if trials is not None and not (options.get("db") or os.environ.get("KILN_DB")):
         raise KilnError("kiln backend option tune needs a database: options={'db': URL} or $KILN_DB")
-    inner: dict[str, Any] = {}
+    inner: dict[str, Any] = {"on_model": on_model}
     if options.get("target") is not None:
         inner["target"] = Target.parse(options["target"])
     with _database(options.get("db"), create=trials is not None) as db:
@@ -84,7 +88,7 @@ def kiln_backend(
         if trials is not None:
 
             def on_graph(graph: Graph, target: Target) -> None:
-                summary = tune(graph, target, db, trials, time_model=False)
+                summary = tune(graph, target, db, trials, measurer=measurer, time_model=False)
                 if summaries is not None:
                     summaries.append(summary)
 
@@ -98,13 +102,20 @@ def tune_module(
     db: str,
     budget: int = 64,
     target: str | None = None,
+    measurer: Measurer | None = None,
 ) -> list[TuneSummary]:
     """Tune the Kiln tasks of ``module`` on ``example_inputs`` (static shapes) into the database at ``db``
-    with ``budget`` measured trials per captured graph; returns one summary per graph Kiln compiled."""
+    with ``budget`` measured trials per captured graph; returns one summary per graph Kiln compiled.
+    ``measurer`` replaces the local builder and runner of the target."""
     summaries: list[TuneSummary] = []
     options = {"db": db, "tune": budget, "target": target}
-    backend = functools.partial(kiln_backend, options=options, summaries=summaries)
+    backend = functools.partial(kiln_backend, options=options, summaries=summaries, measurer=measurer)
     compiled = torch.compile(module, backend=backend, dynamic=False)
     with torch.no_grad():
         compiled(*example_inputs)
+    if not summaries:
+        raise KilnError(
+            "torch.compile handed Kiln no graph to tune (the module ran in eager: Dynamo's recompile "
+            "limit for its forward may be reached; torch._dynamo.reset() clears it)"
+        )
     return summaries

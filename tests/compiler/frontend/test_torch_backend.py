@@ -19,6 +19,14 @@ from compiler.frontend.torch_fx import unsupported_reason  # noqa: E402
 pytestmark = pytest.mark.xdist_group(name="torch_backend")
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Dynamo keeps at most 8 compiled graphs per function (nn.Linear.forward is shared by every test):
+    each test starts from an empty cache, so none runs in eager for having hit that limit."""
+    torch._dynamo.reset()
+    yield
+
+
 class GPTBlock(nn.Module):
     """A pre-LN GPT block: causal scaled-dot-product attention and a GELU MLP."""
 
