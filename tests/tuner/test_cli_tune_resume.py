@@ -91,9 +91,12 @@ def test_a_failed_or_killed_run_is_resumed_and_other_arguments_start_anew(url: s
     other = tune("softmax", "cpu", url, 12, batch=3, seed=1, measurer=simulated(), time_model=False)
     assert other.resumed is None and other.run_id != run.id  # another seed: another run
     with TuningDatabase.open(url) as db:  # a run killed with SIGKILL: no end time, no outcome
-        db.reopen_run(run.id, {k: v for k, v in run.budget.items() if k != "outcome"})
+        db.reopen_run(run.id, {k: v for k, v in run.budget.items() if k not in ("outcome", "spent_seconds")})
+    with TuningDatabase.open(url) as db:  # a killed run spent the time up to its last record
+        last = db.run_last_record_at(run.id)
     resumed = tune("softmax", "cpu", url, 12, batch=3, measurer=simulated(), time_model=False)
     assert resumed.run_id == run.id and resumed.resumed.done == 3 and resumed.measured == 9
+    assert resumed.resumed.spent_seconds == pytest.approx((last - run.started_at).total_seconds())
     assert _stored(url, run.id) == 12
     fresh = tune(
         "softmax", "cpu", url, 12, batch=3, measurer=StopsAfter(1, KeyboardInterrupt()), time_model=False
