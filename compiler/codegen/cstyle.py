@@ -18,11 +18,11 @@ promoted with W lanes per variable is ``acc_{k / W}[k % W]``), whose accesses ha
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from compiler import dtypes
-from compiler.backends.cpu.kiln_math import Prelude
 from compiler.codegen.names import NameScope, const_literal
 from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
@@ -75,7 +75,7 @@ def c_type(dtype: str) -> str:
     return dtypes.DTYPES[dtype].c_type
 
 
-class CStylePrinter:
+class CStylePrinter(ABC):
     """Prints lowered PrimFuncs as C-like source. One instance prints one translation unit."""
 
     restrict = "restrict"
@@ -83,7 +83,6 @@ class CStylePrinter:
 
     def __init__(self, target: object | None = None) -> None:
         self.target = target
-        self.prelude = Prelude()
         self._reset(None)
 
     def _reset(self, func: PrimFunc | None) -> None:
@@ -139,42 +138,9 @@ class CStylePrinter:
     def barrier_line(self, s: Barrier) -> str | None:
         return None
 
+    @abstractmethod
     def math_call(self, name: str, args: list[str], dtype: str) -> str:
-        a = args[0] if args else ""
-        if dtype == "float16":
-            inner = self.math_call(name, [f"(float)({x})" for x in args], "float32")
-            return f"((_Float16){inner})"
-        if dtype == "float32":
-            if name in ("exp", "log", "tanh", "erf", "sigmoid"):
-                return f"{self.prelude.use_math(name)}({a})"
-            simple = {
-                "sqrt": f"__builtin_sqrtf({a})",
-                "rsqrt": f"(1.0f / __builtin_sqrtf({a}))",
-                "abs": f"__builtin_fabsf({a})",
-                "neg": f"(-{a})",
-                "recip": f"(1.0f / {a})",
-            }
-        elif dtype == "float64":
-            simple = {
-                "exp": f"__builtin_exp({a})",
-                "log": f"__builtin_log({a})",
-                "tanh": f"__builtin_tanh({a})",
-                "erf": f"__builtin_erf({a})",
-                "sigmoid": f"(1.0 / (1.0 + __builtin_exp(-({a}))))",
-                "sqrt": f"__builtin_sqrt({a})",
-                "rsqrt": f"(1.0 / __builtin_sqrt({a}))",
-                "abs": f"__builtin_fabs({a})",
-                "neg": f"(-{a})",
-                "recip": f"(1.0 / {a})",
-            }
-        elif dtypes.is_int(dtype):
-            t = c_type(dtype)
-            simple = {"abs": f"(({t})__builtin_llabs({a}))", "neg": f"(-{a})"}
-        else:
-            simple = {}
-        if name not in simple:
-            raise CompileError(f"intrinsic {name}() on {dtype} is not supported by this target")
-        return simple[name]
+        """The target's spelling of intrinsic ``name`` on ``dtype`` operands (each backend's printer)."""
 
     # --------------------------------------------------------------- function
     def function(self, func: PrimFunc) -> str:

@@ -28,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from compiler import dtypes
 from compiler.backends.cpu import vectorize
+from compiler.backends.cpu.kiln_math import Prelude
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
@@ -93,6 +95,47 @@ _INFIX = ("+", "-", "*", "/", "//", "%")
 
 class CPrinter(CStylePrinter):
     """C99 (gnu11) with OpenMP and GCC vector extensions."""
+
+    def __init__(self, target: object | None = None) -> None:
+        super().__init__(target)
+        self.prelude = Prelude()  # the parts of the math library the printed code uses
+
+    def math_call(self, name: str, args: list[str], dtype: str) -> str:
+        a = args[0] if args else ""
+        if dtype == "float16":
+            inner = self.math_call(name, [f"(float)({x})" for x in args], "float32")
+            return f"((_Float16){inner})"
+        if dtype == "float32":
+            if name in ("exp", "log", "tanh", "erf", "sigmoid"):
+                return f"{self.prelude.use_math(name)}({a})"
+            simple = {
+                "sqrt": f"__builtin_sqrtf({a})",
+                "rsqrt": f"(1.0f / __builtin_sqrtf({a}))",
+                "abs": f"__builtin_fabsf({a})",
+                "neg": f"(-{a})",
+                "recip": f"(1.0f / {a})",
+            }
+        elif dtype == "float64":
+            simple = {
+                "exp": f"__builtin_exp({a})",
+                "log": f"__builtin_log({a})",
+                "tanh": f"__builtin_tanh({a})",
+                "erf": f"__builtin_erf({a})",
+                "sigmoid": f"(1.0 / (1.0 + __builtin_exp(-({a}))))",
+                "sqrt": f"__builtin_sqrt({a})",
+                "rsqrt": f"(1.0 / __builtin_sqrt({a}))",
+                "abs": f"__builtin_fabs({a})",
+                "neg": f"(-{a})",
+                "recip": f"(1.0 / {a})",
+            }
+        elif dtypes.is_int(dtype):
+            t = c_type(dtype)
+            simple = {"abs": f"(({t})__builtin_llabs({a}))", "neg": f"(-{a})"}
+        else:
+            simple = {}
+        if name not in simple:
+            raise CompileError(f"intrinsic {name}() on {dtype} is not supported by this target")
+        return simple[name]
 
     def emit_parallel(self, s: For) -> None:
         self.line("#pragma omp parallel for schedule(static)")
