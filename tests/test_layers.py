@@ -37,6 +37,8 @@ COMPILER_FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("compiler.graph", "compiler.backends", "the graph is below every backend"),
     ("compiler.ops", "compiler.backends", "ops are target independent"),
     ("compiler.passes", "compiler.backends", "graph passes are target independent"),
+    ("compiler.loopir", "compiler.backends", "the loop IR and its passes are shared by every backend"),
+    ("compiler.codegen", "compiler.backends", "the C-style printer base is shared by every backend"),
     ("compiler.loopir", "compiler.runtime", "the loop IR is below the runtime"),
     ("compiler.runtime", "compiler.backends.cpu.sketches", "the runtime replays kernels, never schedules"),
     ("compiler.runtime", "compiler.backends.cuda.sketches", "the runtime replays kernels, never schedules"),
