@@ -6,7 +6,8 @@ kernels out (no tuning database here: ``compiler`` never imports ``tuner``; the 
 decompositions (core ATen), treats parameters and buffers as constants (baked in at compile time, as
 inductor's freezing does), converts the ATen graph with :mod:`compiler.frontend.torch_fx`, compiles it
 with :func:`compiler.build.compile` for the CPU (or ``options["target"]``) and returns the callable
-AOTAutograd wraps. Nodes the converter cannot import run in PyTorch eager: the graph is partitioned with
+AOTAutograd wraps. With gradients enabled, the forward graph is Kiln's and the backward graph runs in
+PyTorch eager. Nodes the converter cannot import run in PyTorch eager: the graph is partitioned with
 ``CapabilityBasedPartitioner`` and one log line (logger ``kiln.torch``) per graph says what fell back and why.
 
 Options: ``target`` (a Target or its text, default ``cpu``, ``cuda`` for CUDA inputs), ``configs`` (a
@@ -171,7 +172,12 @@ def kiln_backend(
         return gm.forward
     own = [*gm.parameters(), *gm.buffers()]
     real = [*own, *example_inputs]
-    static = [i < len(own) or _is_static(t) for i, t in enumerate(real)]
+    # weights are constants for inference; a graph traced for training takes the ones that need gradients as
+    # inputs, so that an optimizer step is seen by the next call
+    training = torch.is_grad_enabled()
+    static = [
+        (i < len(own) or _is_static(t)) and not (training and t.requires_grad) for i, t in enumerate(real)
+    ]
 
     def fw_compiler(fw_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
         n = sum(1 for node in fw_gm.graph.nodes if node.op == "placeholder")
@@ -187,10 +193,15 @@ def kiln_backend(
 
         return make_boxed_func(call)
 
+    def bw_compiler(bw_gm: fx.GraphModule, fake_inputs: Sequence[Any]) -> Callable[..., Any]:
+        log.warning("kiln: the backward graph (%d nodes) runs in PyTorch eager", len(bw_gm.graph.nodes))
+        return make_boxed_func(bw_gm.forward)
+
     return aot_module_simplified(
         gm,
         example_inputs,
         fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler,
         decompositions=core_aten_decompositions(),
         keep_inference_input_mutations=True,
     )

@@ -475,8 +475,11 @@ def convert_node(env: _Env, node: fx.Node) -> Any:
     """Convert one call_function node (its inputs already in ``env``); all-constant nodes are evaluated."""
     raw_args, raw_kwargs = _resolve(node.args, env.values), _resolve(node.kwargs, env.values)
     if not any(isinstance(x, Value) for x in _flat([raw_args, raw_kwargs])):
-        with torch.no_grad():
-            return node.target(*raw_args, **raw_kwargs)
+        try:
+            with torch.no_grad():
+                return node.target(*raw_args, **raw_kwargs)
+        except Exception as exc:  # whatever torch raises: the node stays out of Kiln
+            raise Unsupported(f"{node.target} on constants failed in torch: {exc}") from None
     handler = HANDLERS.get(node.target)
     if handler is None:
         raise Unsupported(f"no Kiln import for {node.target}")

@@ -202,3 +202,24 @@ def test_registered_backend_name_kiln(monkeypatch: pytest.MonkeyPatch) -> None:
     with torch.no_grad():
         got = torch.compile(module, backend="kiln", dynamic=False)(x)
     torch.testing.assert_close(got, module(x), rtol=1e-4, atol=1e-4)
+
+
+def test_training_step_sees_updated_weights(caplog: pytest.LogCaptureFixture) -> None:
+    """With gradients on, the weights are inputs of the Kiln forward (an optimizer step is seen by the next
+    call) and the backward runs in eager: gradients and later outputs match eager."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    twin = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    twin.load_state_dict(module.state_dict())
+    fn = compiled(module)
+    opt, twin_opt = torch.optim.SGD(module.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+    x = torch.randn(3, 8)
+    with caplog.at_level(logging.WARNING, logger="kiln.torch"):
+        for _ in range(2):
+            for f, o in ((fn, opt), (twin, twin_opt)):
+                o.zero_grad()
+                f(x).pow(2).sum().backward()
+                o.step()
+            for p, q in zip(module.parameters(), twin.parameters()):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert "backward graph" in caplog.text
