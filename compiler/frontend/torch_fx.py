@@ -139,6 +139,33 @@ def _gelu(b: GraphBuilder, node: fx.Node, x: Value, approximate: str = "none") -
     return b.gelu(x, approximate=approximate)
 
 
+@handles(aten.clamp.default, aten.hardtanh.default)
+def _clamp(b: GraphBuilder, node: fx.Node, x: Value, lo: Any = None, hi: Any = None) -> Value:
+    if node.target == aten.hardtanh.default:
+        lo = -1.0 if lo is None else lo
+        hi = 1.0 if hi is None else hi
+    if lo is not None:
+        x = b.maximum(x, float(lo))
+    if hi is not None:
+        x = b.minimum(x, float(hi))
+    return x
+
+
+@handles(aten.leaky_relu.default)
+def _leaky_relu(b: GraphBuilder, node: fx.Node, x: Value, slope: float = 0.01) -> Value:
+    return b.leaky_relu(x, float(slope))
+
+
+@handles(aten.hardswish.default)
+def _hardswish(b: GraphBuilder, node: fx.Node, x: Value) -> Value:
+    return b.hard_swish(x)
+
+
+@handles(aten.hardsigmoid.default)
+def _hardsigmoid(b: GraphBuilder, node: fx.Node, x: Value) -> Value:
+    return b.hard_sigmoid(x, 1.0 / 6.0, 0.5)
+
+
 @handles(aten.where.self)
 def _where(b: GraphBuilder, node: fx.Node, cond: Value, x: Any, y: Any) -> Value:
     return b.where(cond, x, y)
@@ -239,6 +266,18 @@ def _embedding(b: GraphBuilder, node: fx.Node, weight: Value, indices: Value, *_
 @handles(aten.index_select.default)
 def _index_select(b: GraphBuilder, node: fx.Node, x: Value, dim: int, indices: Value) -> Value:
     return b.gather(x, indices, axis=_dims(len(x.shape), dim)[0])
+
+
+@handles(aten.constant_pad_nd.default)
+def _pad(b: GraphBuilder, node: fx.Node, x: Value, pad: Sequence[int], value: float = 0.0) -> Value:
+    # torch lists (before, after) pairs from the last dimension backwards; negative pads crop
+    if any(p < 0 for p in pad):
+        raise Unsupported("constant_pad_nd with negative padding")
+    rank = len(x.shape)
+    before, after = [0] * rank, [0] * rank
+    for k in range(len(pad) // 2):
+        before[rank - 1 - k], after[rank - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    return b.pad(x, before + after, float(value))
 
 
 @handles(aten.split_with_sizes.default)

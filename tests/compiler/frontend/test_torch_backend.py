@@ -71,6 +71,20 @@ class WithCumsum(nn.Module):
         return self.b(torch.cumsum(self.a(x), dim=-1).relu())
 
 
+class PadActivations(nn.Module):
+    """Constant padding, a convolution and the clamp-like activations (relu6, hardtanh, leaky_relu,
+    hardswish, hardsigmoid, clamp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(F.pad(x, (1, 2, 0, 1), value=0.5))
+        acts = [F.relu6(y), F.hardtanh(y), F.leaky_relu(y, 0.2), F.hardswish(y), F.hardsigmoid(y)]
+        return torch.cat([*acts, y.clamp(min=-0.1)], dim=1)
+
+
 def conv_net() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),
@@ -101,6 +115,7 @@ MODULES = {
     "encoder": (lambda: nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0), (8, 2, 32)),
     "gpt_block": (GPTBlock, (2, 8, 32)),
     "rmsnorm_swiglu": (SwiGLU, (2, 8, 32)),
+    "pad_activations": (PadActivations, (2, 3, 8, 8)),
 }
 
 
