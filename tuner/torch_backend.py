@@ -13,19 +13,26 @@ Options:
 
 ``tune_module(module, example_inputs, db, budget)`` tunes a torch module's tasks ahead of time (the same
 capture and conversion, then :func:`tuner.api.tune` per Kiln graph) and returns one summary per graph.
+
+``load_torch_model("package.module:function")`` is ``--model package.module:function`` of the CLI
+(``kiln tune``, ``kiln compile``, ``kiln show``): the function returns ``(module, example_inputs)``, and the
+module in eval mode must make exactly one Kiln graph (no eager fallback).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from compiler.errors import KilnError
+from compiler.frontend.torch import capture_graphs
 from compiler.frontend.torch import kiln_backend as convert_and_compile
 from compiler.graph import Graph
 from compiler.target import Target
@@ -119,3 +126,34 @@ def tune_module(
             "limit for its forward may be reached; torch._dynamo.reset() clears it)"
         )
     return summaries
+
+
+def load_torch_model(spec: str) -> Graph:
+    """The Kiln graph of the torch model ``spec`` names: ``package.module:function``, a function that
+    returns ``(nn.Module, example_inputs)`` (imported with the current directory on the path)."""
+    modname, _, attr = spec.partition(":")
+    if not modname or not attr:
+        raise KilnError(f"--model {spec!r}: a torch model is given as package.module:function")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(modname)
+    except ImportError as exc:
+        raise KilnError(f"--model {spec}: cannot import {modname}: {exc}") from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise KilnError(f"--model {spec}: {modname} has no function {attr}")
+    made = fn()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
+        raise KilnError(f"--model {spec}: {attr}() must return (torch.nn.Module, example_inputs)")
+    module, inputs = made
+    inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+    graphs = capture_graphs(module.eval(), inputs)
+    if len(graphs) != 1:
+        raise KilnError(
+            f"--model {spec}: the module makes {len(graphs)} Kiln graphs (some ops run in eager, or Dynamo "
+            "split it); tune it with tuner.torch_backend.tune_module"
+        )
+    graph = graphs[0]
+    graph.name = spec.replace(":", ".")
+    return graph

@@ -13,11 +13,15 @@ PyTorch eager. Nodes the converter cannot import run in PyTorch eager: the graph
 Options: ``target`` (a Target or its text, default ``cpu``, ``cuda`` for CUDA inputs), ``configs`` (a
 ``compiler.build.ConfigSource``: which config each group uses) and ``on_graph`` (called with each Kiln
 graph and target before it is compiled; the tuner uses it to tune) and ``on_model`` (called with each Kiln
-graph and its compiled model).
+graph and its compiled model) and ``compile`` (False: convert only, everything runs in eager;
+:func:`capture_graphs` uses it).
+
+``capture_graphs(module, example_inputs)`` returns the Kiln graphs of a module without compiling them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,11 +37,12 @@ from torch.fx.passes.operator_support import OperatorSupport
 from compiler.build import compile as build_model
 from compiler.errors import KilnError
 from compiler.frontend.torch_fx import Converted, const_nodes, convert_fx, unsupported_reason
+from compiler.graph import Graph
 from compiler.target import Target
 
 log = logging.getLogger("kiln.torch")
 
-OPTIONS = ("target", "configs", "on_graph", "on_model")
+OPTIONS = ("target", "configs", "on_graph", "on_model", "compile")
 
 
 class KilnPiece(nn.Module):
@@ -80,13 +85,15 @@ def _is_static(t: Any) -> bool:
 
 def _compile_piece(
     gm: fx.GraphModule, fake_inputs: Sequence[Any], consts: dict[int, torch.Tensor], options: dict[str, Any]
-) -> KilnPiece:
+) -> nn.Module:
     out_arg = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     single = not isinstance(out_arg, (list, tuple))
     converted = convert_fx(gm, fake_inputs, consts)
     target = _target(options, fake_inputs)
     if options.get("on_graph") is not None:
         options["on_graph"](converted.graph, target)
+    if options.get("compile") is False:  # conversion only (capture_graphs): the piece stays eager
+        return gm
     model = build_model(converted.graph, target, configs=options.get("configs"))
     if options.get("on_model") is not None:
         options["on_model"](converted.graph, model)
@@ -205,3 +212,19 @@ def kiln_backend(
         decompositions=core_aten_decompositions(),
         keep_inference_input_mutations=True,
     )
+
+
+def capture_graphs(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> list[Graph]:
+    """The Kiln graphs ``torch.compile`` makes of ``module`` on ``example_inputs`` (static shapes, under
+    ``no_grad``, weights as constants), in the order Dynamo hands them over; nothing is compiled."""
+    graphs: list[Graph] = []
+    options = {"on_graph": lambda graph, target: graphs.append(graph), "compile": False}
+    backend = functools.partial(kiln_backend, options=options)
+    with torch.no_grad():
+        torch.compile(module, backend=backend, dynamic=False)(*example_inputs)
+    if not graphs:
+        raise KilnError(
+            "torch.compile handed Kiln no graph (the module ran in eager: Dynamo's recompile limit for its "
+            "forward may be reached; torch._dynamo.reset() clears it)"
+        )
+    return graphs

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 from torch import nn  # noqa: E402
 
 from db.database import TuningDatabase  # noqa: E402
+from tests.cli import kiln  # noqa: E402
 from tests.tuner.test_api import simulated  # noqa: E402
 from tuner.torch_backend import kiln_backend, tune_module  # noqa: E402
 
@@ -88,3 +89,29 @@ def test_bad_options_say_what_is_wrong(options: dict, message: str, monkeypatch:
     monkeypatch.delenv("KILN_DB", raising=False)
     with pytest.raises(Exception, match=message):
         torch.compile(nn.Linear(2, 2), backend="kiln", dynamic=False, options=options)(torch.randn(1, 2))
+
+
+def test_cli_takes_a_torch_model_as_module_function(url: str) -> None:
+    shown = kiln("show", "--model", "tests.tuner.torch_models:mlp", "--stage", "graph")
+    assert shown.returncode == 0, shown.stderr
+    assert "tests.tuner.torch_models.mlp" in shown.stdout and "matmul" in shown.stdout
+    model = "tests.tuner.torch_models:mlp"
+    tuned = kiln("tune", "--model", model, "--trials", "2", "--db", url, "--no-summary")
+    assert tuned.returncode == 0, tuned.stderr
+    with TuningDatabase.open(url) as db:
+        assert db.runs("tests.tuner.torch_models.mlp")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("tests.tuner.no_such_module:mlp", "cannot import tests.tuner.no_such_module"),
+        ("tests.tuner.torch_models:nothing", "has no function nothing"),
+        ("tests.tuner.torch_models:not_a_model", "must return (torch.nn.Module, example_inputs)"),
+        ("tests.tuner.torch_models:with_cumsum", "makes 2 Kiln graphs"),
+    ],
+)
+def test_cli_torch_model_errors_are_one_line(spec: str, message: str) -> None:
+    result = kiln("show", "--model", spec, "--stage", "graph")
+    assert result.returncode != 0, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -39,8 +39,9 @@ def add_model_arg(parser: argparse.ArgumentParser, required: bool = True) -> Non
     parser.add_argument(
         "--model",
         required=required,
-        metavar="NAME|FILE.onnx",
-        help="a built-in model name (see `kiln models`) or an ONNX file",
+        metavar="NAME|FILE.onnx|MODULE:FUNCTION",
+        help="a built-in model name (see `kiln models`), an ONNX file, or a torch model: a function "
+        "returning (nn.Module, example_inputs), as package.module:function",
     )
     parser.add_argument(
         "--input-shape",
@@ -88,6 +89,18 @@ def load_model_arg(args: argparse.Namespace, *, check_memory: bool = True):
     """The graph ``--model``/``--input-shape`` name. ``--input-shape`` is refused for a built-in model;
     ``check_memory`` refuses a model whose inputs, params and outputs do not fit in memory."""
     shapes = parse_input_shapes(getattr(args, "input_shape", []))
+    if ":" in args.model and not is_onnx_path(args.model):  # package.module:function, a torch model
+        if shapes:
+            raise KilnError(
+                f"--input-shape does not apply to the torch model {args.model}: the example inputs its "
+                "function returns set the shapes"
+            )
+        from tuner.torch_backend import load_torch_model  # torch is imported only for a torch model
+
+        graph = load_torch_model(args.model)
+        if check_memory:
+            check_model_fits(graph)
+        return graph
     if is_onnx_path(args.model):
         require_onnx(f"--model {args.model}")
     elif shapes:
