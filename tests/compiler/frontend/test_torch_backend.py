@@ -238,3 +238,13 @@ def test_training_step_sees_updated_weights(caplog: pytest.LogCaptureFixture) ->
             for p, q in zip(module.parameters(), twin.parameters()):
                 torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert "backward graph" in caplog.text
+
+
+def test_embedding_with_integer_ids(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 4), nn.Softmax(dim=-1)).eval()
+    ids = torch.randint(0, 50, (2, 5))
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln.torch"):
+        got = compiled(module)(ids)
+    assert not caplog.records, caplog.text
+    torch.testing.assert_close(got, module(ids), rtol=1e-4, atol=1e-5)
