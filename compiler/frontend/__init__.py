@@ -1,4 +1,5 @@
-"""Model frontends: the built-in zoo (models.py) and the ONNX importer (onnx.py)."""
+"""Model frontends: the built-in zoo (models.py), the ONNX importer (onnx.py) and the torch.compile
+converter and backend (torch_fx.py, torch.py; they import torch, so nothing here imports them)."""
 
 from __future__ import annotations
 
