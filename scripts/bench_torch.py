@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.bench_common import THREADS, machine_line, markdown_table, time_fn  # noqa: E402
+from tuner.scheduler import Budget  # noqa: E402
 from tuner.torch_backend import kiln_backend, tune_module  # noqa: E402
 
 
@@ -124,15 +125,17 @@ def max_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max())
 
 
-def bench_module(name: str, db: str, trials: int, rounds: int, min_time: float, log: FallbackLog) -> dict:
+def bench_module(
+    name: str, db: str, budget: Budget | None, rounds: int, min_time: float, log: FallbackLog
+) -> dict:
     torch.manual_seed(0)
     make, shape = MODULES[name]
     module = make().eval()
     x = torch.randn(*shape)
     row: dict = {"module": name, "input": "x".join(map(str, shape))}
     t0 = time.perf_counter()
-    if trials:
-        summaries = tune_module(module, [x], db, budget=trials)
+    if budget is not None:
+        summaries = tune_module(module, [x], db, budget=budget)
         row["tasks"] = sum(len(s.tasks) for s in summaries)
     row["tune_s"] = f"{time.perf_counter() - t0:.0f}"
     torch._dynamo.reset()
@@ -181,6 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default="sqlite:///bench_torch.db")
     ap.add_argument("--trials", type=int, default=32, help="tuning trials per module (0: use the db as is)")
+    ap.add_argument("--trials-per-task", type=int, help="tuning trials per task instead of --trials")
     ap.add_argument("--modules", nargs="+", choices=list(MODULES), default=list(MODULES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.2)
@@ -189,9 +193,16 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     log = FallbackLog()
     logging.getLogger("kiln.torch").addHandler(log)
+    if args.trials_per_task:
+        budget = Budget(trials_per_task=args.trials_per_task)
+        tuned = f"{args.trials_per_task} trials per task"
+    elif args.trials:
+        budget, tuned = Budget(trials=args.trials), f"{args.trials} trials per module (shared by its tasks)"
+    else:
+        budget, tuned = None, f"records already in {args.db}"
     rows = []
     for name in args.modules:
-        rows.append(bench_module(name, args.db, args.trials, args.rounds, args.min_time, log))
+        rows.append(bench_module(name, args.db, budget, args.rounds, args.min_time, log))
         print(markdown_table(rows[-1:], [c for c in rows[-1] if not c.startswith("_")]), flush=True)
     columns = [
         "module", "input", "eager_us", "inductor_us", "kiln_us", "kiln/inductor", "kiln/eager",
@@ -199,8 +210,8 @@ def main() -> None:
     ]  # fmt: skip
     text = (
         f"# torch.compile on the CPU: eager vs inductor vs kiln (tuned)\n\n{machine_line()}; torch "
-        f"{torch.__version__}, {THREADS} threads; {args.trials} tuning trials per module (shared by its "
-        f"tasks); median of {args.rounds} interleaved rounds (spread: min-max of the round medians), "
+        f"{torch.__version__}, {THREADS} threads; tuning: {tuned}; median of {args.rounds} interleaved "
+        "rounds (spread: min-max of the round medians), "
         "microseconds; "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}.\n\n"
         f"{markdown_table(rows, columns)}\n\n`records`: Kiln kernels that use a tuned record / all kernels. "

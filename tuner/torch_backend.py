@@ -40,14 +40,18 @@ from db.database import TuningDatabase
 from tuner.api import TuneSummary, tune
 from tuner.measure import Measurer
 from tuner.records import database_config_source
+from tuner.scheduler import Budget
 
 OPTIONS = ("db", "target", "tune")
 
 
-def _budget(value: Any) -> int | None:
-    """The ``tune`` option as a number of trials (None: off); one clear error for anything else."""
+def _budget(value: Any) -> int | Budget | None:
+    """The ``tune`` option as a number of trials or a Budget (None: off); one clear error for anything
+    else."""
     if value is None or value == "off" or value is False:
         return None
+    if isinstance(value, Budget):
+        return value
     try:
         trials = int(value)
     except (TypeError, ValueError):
@@ -107,12 +111,13 @@ def tune_module(
     module: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],
     db: str,
-    budget: int = 64,
+    budget: int | Budget = 64,
     target: str | None = None,
     measurer: Measurer | None = None,
 ) -> list[TuneSummary]:
     """Tune the Kiln tasks of ``module`` on ``example_inputs`` (static shapes) into the database at ``db``
-    with ``budget`` measured trials per captured graph; returns one summary per graph Kiln compiled.
+    with ``budget`` (measured trials, or a :class:`~tuner.scheduler.Budget`) per captured graph; returns one
+    summary per graph Kiln compiled.
     ``measurer`` replaces the local builder and runner of the target."""
     summaries: list[TuneSummary] = []
     options = {"db": db, "tune": budget, "target": target}
