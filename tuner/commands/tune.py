@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--trials-per-task",
         type=positive_int,
         metavar="N",
-        help="measured candidates per selected task (the total is N x tasks)",
+        help="N measured candidates per selected task: the total, N x tasks, is shared by the scheduler "
+        "(tasks that gain most get more)",
     )
     budget.add_argument("--time-budget", help="wall-clock budget, e.g. 90s, 10m, 1h")
     p.add_argument(
