@@ -9,8 +9,10 @@ what the features want and 3-5x faster than full lowering). :func:`extract` turn
   group's characteristic extents (M/N/K of a contraction, rows and row length of a reduction).
 - ``fn_*`` (12) the function: stores, loops, depth, loop-overhead iterations, OpenMP region entries,
   register/local, shared and global scratch bytes, barriers.
-- ``gpu_*`` (6) launch shape: blocks, threads per block, shared bytes, estimated registers per thread,
-  occupancy, waves.
+- ``gpu_*`` (14) launch shape: blocks, threads per block, shared bytes, registers per thread (reported by
+  the build or estimated, with a flag saying which), occupancy from the target's per-SM limits and what
+  bounds it, waves, lane and SM utilization, and over the global accesses the fractions that are coalesced
+  / broadcast / strided along ``threadIdx.x`` and their mean vector width.
 - ``tot_*`` (11) totals over stores (log): executions, weighted ops, bytes, L1/L2/L3 traffic, load/store
   instructions, compute / latency / issue / memory cycles.
 - ``wm_*`` (5) means over stores weighted by their estimated cycles: SIMD lanes credited, parallel speedup,
@@ -46,7 +48,7 @@ from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
 
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 TOP_STORES = 3
 KINDS = ("pointwise", "reduction", "contraction")
 
@@ -78,7 +80,22 @@ FUNC_FIELDS = (
     "fn_log_barriers",
     "fn_vector_stores",
 )
-GPU_FIELDS = ("gpu_log_blocks", "gpu_log_threads", "gpu_log_shared", "gpu_regs", "gpu_occupancy", "gpu_waves")
+GPU_FIELDS = (
+    "gpu_log_blocks",
+    "gpu_log_threads",  # threads per block
+    "gpu_log_shared",  # shared memory bytes per block
+    "gpu_regs",  # registers per thread: reported by the build when known, else estimated
+    "gpu_regs_reported",  # 1 when gpu_regs came from the build (ptxas / cuFuncGetAttribute)
+    "gpu_occupancy",  # resident warps per SM / the SM's maximum, from threads, shared and registers
+    "gpu_occ_limiter",  # what bounds occupancy: 0 warps, 1 blocks per SM, 2 shared memory, 3 registers
+    "gpu_waves",  # blocks / (SMs x resident blocks per SM)
+    "gpu_lane_util",  # threads per block / threads of the warps it occupies
+    "gpu_sm_util",  # fraction of SMs the grid keeps busy
+    "gpu_frac_coalesced",  # global accesses (over stores) with threadIdx.x stride = one access width
+    "gpu_frac_bcast",  # ... invariant in threadIdx.x
+    "gpu_frac_strided",  # ... larger or unknown stride
+    "gpu_vec_width",  # mean elements per global load/store instruction
+)
 TOTAL_FIELDS = (
     "tot_log_trip",
     "tot_log_ops",
@@ -154,8 +171,10 @@ def _characteristic_dims(group: Group) -> tuple[int, int, int]:
     return 1, 1, 0
 
 
-def extract(func: PrimFunc, group: Group, target: Target) -> np.ndarray:
-    """The feature vector (float32, ``N_FEATURES``) of a lowered function of ``group`` on ``target``."""
+def extract(func: PrimFunc, group: Group, target: Target, registers: int | None = None) -> np.ndarray:
+    """The feature vector (float32, ``N_FEATURES``) of a lowered function of ``group`` on ``target``.
+    ``registers``: registers per thread reported by a CUDA build (also read from the function's
+    ``launch["registers"]``); without it the count is estimated from the thread's local buffers."""
     m = Machine.of(target)
     info = collect_stores(func)
     rows, raws = [], []
@@ -182,7 +201,7 @@ def extract(func: PrimFunc, group: Group, target: Target) -> np.ndarray:
         lg(info.barriers),
         float(sum(1 for s in info.stores if s.loops and s.loops[-1].kind == "vectorized")),
     ]
-    gpu = _gpu_row(func, m, local, shared)
+    gpu = _gpu_row(func, m, local, shared, raws, registers)
 
     def tot(key: str) -> float:
         return lg(sum(r[key] for r in raws))
@@ -220,7 +239,13 @@ def extract(func: PrimFunc, group: Group, target: Target) -> np.ndarray:
         else m.launch_cycles
     )
     overhead += m.fork_cycles * info.parallel_entries if not m.gpu else 0.0
-    est = total_cycles / (gpu[4] if m.gpu and gpu[4] > 0 else 1.0) + overhead
+    if m.gpu:
+        g = dict(zip(GPU_FIELDS, gpu))
+        # latency hiding needs resident warps; a grid smaller than the GPU leaves SMs idle
+        est = total_cycles / max(g["gpu_occupancy"], 1.0 / 64) / max(g["gpu_sm_util"], 1.0 / m.cores)
+        est += overhead
+    else:
+        est = total_cycles + overhead
     if m.gpu:
         ideal = max(wl_flops / (m.sm_lanes * m.cores), wl_bytes / m.dram_bw_gpu)
     else:
@@ -239,25 +264,65 @@ def extract(func: PrimFunc, group: Group, target: Target) -> np.ndarray:
     return vec.astype(np.float32)
 
 
-def _gpu_row(func: PrimFunc, m: Machine, local: int, shared: int) -> list[float]:
+def _gpu_row(
+    func: PrimFunc, m: Machine, local: int, shared: int, raws: list[dict[str, float]], registers: int | None
+) -> list[float]:
     if not m.gpu:
         return [0.0] * len(GPU_FIELDS)
     launch: dict[str, Any] = func.attrs.get("launch") or {}
     grid = launch.get("grid") or [1]
     block = launch.get("block") or [1]
-    blocks, threads = math.prod(grid), max(1, math.prod(block))
+    blocks, threads = max(1, math.prod(grid)), max(1, math.prod(block))
     smem = int(launch.get("shared_bytes", shared) or shared)
-    regs = min(255.0, 24.0 + local / 4.0)
-    warps = -(-threads // 32)
-    per_sm = min(
-        32,
-        64 // max(1, warps),
-        (228 * 1024) // max(1, smem) if smem else 32,
-        int(65536 // max(1.0, regs * warps * 32)),
-    )
-    occupancy = max(0, per_sm) * warps / 64.0
+    reported = registers if registers is not None else launch.get("registers")
+    if reported is not None and int(reported) > 0:
+        regs, known = float(min(int(reported), m.max_regs)), 1.0
+    else:
+        regs, known = min(float(m.max_regs), 24.0 + local / 4.0), 0.0
+    occupancy, limiter, per_sm = occupancy_of(m, threads, smem, regs)
     waves = blocks / max(1, m.cores * max(1, per_sm))
-    return [lg(blocks), lg(threads), lg(smem), regs, min(1.0, occupancy), waves]
+    lane_util = threads / (m.warp * -(-threads // m.warp))
+    sm_util = min(1.0, blocks / m.cores)
+    weights = [r["n_global"] for r in raws]
+    total = sum(weights)
+
+    def mean(key: str, empty: float) -> float:
+        return sum(r[key] * w for r, w in zip(raws, weights)) / total if total else empty
+
+    return [
+        lg(blocks),
+        lg(threads),
+        lg(smem),
+        regs,
+        known,
+        occupancy,
+        float(limiter),
+        waves,
+        lane_util,
+        sm_util,
+        mean("coalesced", 1.0),
+        mean("bcast_gpu", 0.0),
+        mean("strided_gpu", 0.0),
+        mean("width_gpu", 1.0),
+    ]
+
+
+def occupancy_of(m: Machine, threads: int, smem: int, regs: float) -> tuple[float, int, int]:
+    """(resident warps / the SM's maximum, limiter, resident blocks per SM) of blocks of ``threads`` threads
+    using ``smem`` shared bytes and ``regs`` registers per thread, under the SM limits of ``m``
+    (registers allocated per warp in units of 256; limiter 0 warps, 1 blocks, 2 shared, 3 registers)."""
+    warps = -(-max(1, threads) // m.warp)
+    max_warps = max(1, m.sm_threads // m.warp)
+    regs_per_warp = 256 * -(-math.ceil(regs) * m.warp // 256)
+    limits = (
+        max_warps // warps,
+        m.sm_blocks,
+        m.sm_shared // smem if smem > 0 else m.sm_blocks,
+        m.sm_regs // max(1, regs_per_warp * warps),
+    )
+    per_sm = max(0, min(limits))
+    limiter = limits.index(per_sm)
+    return min(1.0, per_sm * warps / max_warps), limiter, per_sm
 
 
 def lower_candidate(group: Group, config: Config, target: Target, sketch_name: str | None = None) -> PrimFunc:

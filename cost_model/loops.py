@@ -18,7 +18,19 @@ import math
 from dataclasses import dataclass, field
 
 from compiler import dtypes
-from compiler.loopir.expr import Binary, Call, Compare, Const, Expr, Load, Select, Var, children
+from compiler.loopir.expr import (
+    Binary,
+    Call,
+    Compare,
+    Const,
+    Expr,
+    Load,
+    Select,
+    Var,
+    children,
+    const,
+    substitute,
+)
 from compiler.loopir.simplify import bound, to_affine
 from compiler.loopir.stmt import (
     Allocate,
@@ -76,6 +88,10 @@ class Access:
     flat: dict[int, int]
     flat_atoms: list[tuple[frozenset[int], int]]
     flat_nonlinear: frozenset[int]
+    # uid -> flat-index difference between the variable at 1 and at 0 (every other variable at 0): the
+    # stride of a variable that only appears inside a nonlinear atom (``(x + 4 * tx) % 4096``) near the
+    # origin; None when the index does not fold to a constant there
+    probe: dict[int, int | None] = field(default_factory=dict)
 
     @property
     def itemsize(self) -> int:
@@ -86,6 +102,13 @@ class Access:
         if uid in self.flat_nonlinear:
             return None
         return self.flat.get(uid, 0)
+
+    def stride(self, uid: int) -> int | None:
+        """The flat-index stride of loop variable ``uid``: its affine coefficient, or for a variable inside
+        a nonlinear atom the probed difference (see ``probe``); None when unknown."""
+        if uid not in self.flat_nonlinear:
+            return self.flat.get(uid, 0)
+        return self.probe.get(uid)
 
     def depends_on(self, uid: int) -> bool:
         return uid in self.flat or uid in self.flat_nonlinear
@@ -287,7 +310,25 @@ def _access(buf: Buffer, indices: tuple[Expr, ...], write: bool, ranges: dict) -
         flat_atoms, flat_nl = (atom_spans[0] if atom_spans else []), frozenset(nonlinear)
     else:
         flat, flat_atoms, flat_nl = _affine_parts(flat_expr, ranges)
-    return Access(buf, write, coeffs, atom_spans, frozenset(nonlinear), flat, flat_atoms, flat_nl)
+    probe: dict[int, int | None] = {}
+    if flat_nl and flat_expr is not None:
+        variables = {v.uid: v for v in _vars(flat_expr)}
+        for uid in flat_nl:
+            if uid in variables:
+                probe[uid] = _probe_stride(flat_expr, variables[uid], variables.values())
+    return Access(buf, write, coeffs, atom_spans, frozenset(nonlinear), flat, flat_atoms, flat_nl, probe)
+
+
+def _probe_stride(e: Expr, var: Var, variables) -> int | None:
+    """``e(var=1) - e(var=0)`` with every other variable at 0, or None if that does not fold."""
+    values = []
+    for at in (0, 1):
+        mapping = {v: const(at if v is var else 0, v.dtype) for v in variables}
+        a = to_affine(substitute(e, mapping), {})
+        if not a.is_const():
+            return None
+        values.append(a.const)
+    return values[1] - values[0]
 
 
 def inner_loops(loops: tuple[Loop, ...], level: int) -> dict[int, int]:

@@ -64,9 +64,13 @@ STORE_FIELDS = (
     "log_cyc_total",
     "log_threads",  # threads per block around the store (GPU)
     "log_blocks",  # thread blocks around the store (GPU)
-    "coalesced_frac",  # global accesses with threadIdx.x stride 0 or 1 (GPU)
+    "coalesced_frac",  # global accesses whose threadIdx.x stride is one access width (GPU)
     "shared_reads",
     "log_shared_bytes",  # bytes of shared memory read by the store per block
+    "bcast_frac_gpu",  # global accesses invariant in threadIdx.x (GPU)
+    "strided_frac_gpu",  # global accesses with a larger (or unknown) threadIdx.x stride (GPU)
+    "vec_width_gpu",  # mean vector width (elements per load/store instruction) of global accesses (GPU)
+    "sector_eff_gpu",  # mean fraction of the fetched 32-byte sectors a warp uses (GPU)
 )
 KIND_CODE = {"serial": 1, "unrolled": 2, "vectorized": 3, "parallel": 4, "thread": 5}
 
@@ -96,11 +100,32 @@ class Machine:
     launch_cycles: float = 6000.0  # one kernel launch (GPU)
     sm_lanes: float = 128.0
     dram_bw_gpu: float = 2000.0  # bytes per cycle, whole GPU
+    # per-SM limits of a GPU (occupancy): threads, resident blocks, 32-bit registers, shared memory bytes
+    warp: int = 32
+    sm_threads: int = 2048
+    sm_blocks: int = 32
+    sm_regs: int = 65536
+    sm_shared: int = 228 * 1024
+    max_regs: int = 255
 
     @staticmethod
     def of(target: Target) -> Machine:
         if target.kind == "cuda":
-            return Machine(True, max(1, target.cores), 1, 1, 256 * 1024, target.l2_bytes, target.l2_bytes)
+            threads, blocks, shared = _sm_limits(target)
+            return Machine(
+                True,
+                max(1, target.cores),
+                1,
+                1,
+                256 * 1024,
+                target.l2_bytes,
+                target.l2_bytes,
+                warp=max(1, target.warp_size),
+                sm_threads=threads,
+                sm_blocks=blocks,
+                sm_shared=shared,
+                max_regs=max(1, target.max_registers_per_thread),
+            )
         lanes = target.vector_lanes_f32
         double_pumped = lanes == 16 and "AMD" in target.device.upper()
         return Machine(
@@ -112,6 +137,67 @@ class Machine:
             target.l2_bytes,
             max(16 * target.l2_bytes, 32 << 20),  # L3 of one CCD (the target does not say)
         )
+
+
+# per-SM limits by compute capability (CUDA C Programming Guide, "Technical Specifications per Compute
+# Capability"): max resident threads, max resident blocks, shared memory per SM in KiB
+_SM_LIMITS = {
+    (7, 0): (2048, 32, 96),
+    (7, 5): (1024, 16, 64),
+    (8, 0): (2048, 32, 164),
+    (8, 6): (1536, 16, 100),
+    (8, 7): (2048, 32, 164),
+    (8, 9): (1536, 24, 100),
+    (9, 0): (2048, 32, 228),
+    (10, 0): (2048, 32, 228),
+    (12, 0): (1536, 32, 100),
+}
+
+
+def _sm_limits(target: Target) -> tuple[int, int, int]:
+    """(threads, blocks, shared bytes) one SM of ``target`` holds; the nearest older architecture's limits
+    for an unlisted one, never less shared memory than one block may opt into."""
+    digits = "".join(ch for ch in target.arch if ch.isdigit())
+    cc = (int(digits[:-1]), int(digits[-1])) if len(digits) >= 2 else (9, 0)
+    known = [k for k in _SM_LIMITS if k <= cc] or [min(_SM_LIMITS)]
+    threads, blocks, kib = _SM_LIMITS[max(known)]
+    return threads, blocks, max(kib * 1024, target.max_shared_bytes_optin + 1024)
+
+
+def access_width(a: Access, inner) -> int:
+    """Elements one load/store instruction moves for access ``a`` on the GPU: the innermost vectorized loop's
+    extent when the access is contiguous along it (codegen's float2/float4 rewrite), at most 16 bytes."""
+    if inner is None or inner.kind != "vectorized" or inner.extent < 2:
+        return 1
+    if a.stride(inner.var.uid) != 1:
+        return 1
+    width = min(inner.extent, max(1, 16 // a.itemsize))
+    return 1 << (width.bit_length() - 1)  # float2/float4: a power of two
+
+
+def thread_stride(a: Access, tx: int | None, width: int) -> int | None:
+    """Stride between neighbouring threadIdx.x of access ``a``, in units of its access width: 0 broadcast,
+    1 coalesced (consecutive threads touch consecutive vectors), > 1 strided, None unknown."""
+    if tx is None:
+        return 0
+    s = a.stride(tx)
+    if s is None:
+        return None
+    s = abs(s)
+    return s // width if s % width == 0 else s
+
+
+def sector_efficiency(a: Access, stride: int | None, width: int, warp: int = 32) -> float:
+    """Fraction of the 32-byte sectors fetched for one warp's access that the warp uses."""
+    if stride == 0:
+        return 1.0
+    chunk = width * a.itemsize  # bytes one thread moves
+    if stride is None:
+        return chunk / max(chunk, 32)
+    step = stride * chunk  # bytes between neighbouring threads
+    useful = warp * chunk
+    fetched = warp * max(chunk, min(step, 32)) if step > chunk else useful
+    return min(1.0, useful / fetched)
 
 
 def _register(a: Access, kinds: dict[int, tuple[str, int]]) -> bool:
@@ -209,7 +295,10 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
     mem_instr = 0.0
     for a in mem:
         reuse = math.prod(lp.extent for lp in run if lp.kind == "unrolled" and not a.depends_on(lp.var.uid))
-        per = vec_eff if a.flat_coeff(iu) in (0, 1) else 1.0
+        if m.gpu:
+            per = float(access_width(a, inner)) if a.buffer.scope in ("global", "shared") else 1.0
+        else:
+            per = vec_eff if a.flat_coeff(iu) in (0, 1) else 1.0
         mem_instr += trip / max(1.0, per) / max(1, reuse)
 
     # cache placement: the outermost level whose footprint (all non-register accesses) fits the cache
@@ -247,11 +336,24 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
             break
 
     coalesced, shared_reads, shared_bytes = 1.0, 0, 0.0
+    g_bcast, g_strided, g_width, g_eff = 0.0, 0.0, 1.0, 1.0
+    lane_util = 1.0
     if m.gpu:
         tx = next((lp.var.uid for lp in loops if lp.thread == "threadIdx.x"), None)
-        glob = [a for a in s.accesses if a.buffer.scope == "global"]
-        if tx is not None and glob:
-            coalesced = sum(1 for a in glob if a.flat_coeff(tx) in (0, 1)) / len(glob)
+        glob = [a for a in _distinct(s.accesses) if a.buffer.scope == "global"]
+        if glob:
+            widths = [access_width(a, inner) for a in glob]
+            strides = [thread_stride(a, tx, wd) for a, wd in zip(glob, widths)]
+            n = len(glob)
+            coalesced = sum(1 for x in strides if x == 1) / n
+            g_bcast = sum(1 for x in strides if x == 0) / n
+            g_strided = 1.0 - coalesced - g_bcast
+            if tx is None:  # no threadIdx.x: one thread per block does everything
+                coalesced, g_bcast, g_strided = 0.0, 1.0, 0.0
+            g_width = sum(widths) / n
+            g_eff = sum(sector_efficiency(a, x, wd, m.warp) for a, x, wd in zip(glob, strides, widths)) / n
+        # lanes a warp instruction keeps busy: a block of fewer threads than a warp leaves the rest idle
+        lane_util = threads / (m.warp * -(-max(1, threads) // m.warp)) if threads else 1.0 / m.warp
         for a in s.reads:
             if a.buffer.scope == "shared":
                 shared_reads += 1
@@ -260,13 +362,13 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
     # cycle estimate
     flop_work = trip * s.ops
     if m.gpu:
-        width = m.sm_lanes * m.cores
+        width = m.sm_lanes * m.cores * lane_util
         compute = flop_work / width
         latency = 0.0
         if accumulate:
             latency = trip / max(1.0, chains) / max(1.0, threads * blocks) * m.fp_latency
-        ldst = mem_instr / width * 4.0
-        glob_bytes = t2 / max(coalesced, 1.0 / 8)
+        ldst = mem_instr / width * 4.0 / max(g_eff, 1.0 / 8)  # one replay per extra sector
+        glob_bytes = t2 / max(g_eff, 1.0 / 8)
         memory = glob_bytes / m.dram_bw_gpu
     else:
         compute = flop_work / min(vec_eff, m.datapath) / m.ipc
@@ -328,6 +430,10 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         coalesced,
         float(shared_reads),
         lg(shared_bytes),
+        g_bcast,
+        g_strided,
+        g_width,
+        g_eff,
     ]
     raw = {
         "cycles": cycles,
@@ -348,5 +454,10 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         "contig": contig / max(1, len(strides)),
         "gathers": float(gathers),
         "trip": float(trip),
+        "n_global": float(len([a for a in _distinct(s.accesses) if a.buffer.scope == "global"])),
+        "coalesced": coalesced,
+        "bcast_gpu": g_bcast,
+        "strided_gpu": g_strided,
+        "width_gpu": g_width,
     }
     return row, raw
