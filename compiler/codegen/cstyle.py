@@ -3,7 +3,9 @@
 Input is a *lowered* PrimFunc: parameter buffers (inputs first) and a body of For / SeqStmt / IfThenElse /
 BufferStore / Allocate / Evaluate / Barrier (no Block). Buffers are row-major; indices are flattened with
 the buffer's strides and simplified under the enclosing loops' ranges. The printer keeps loop variable names
-(renaming only on clashes), one statement per line, two-space indentation.
+(renaming only on clashes), one statement per line, two-space indentation. Loop variables are ``int32_t``,
+``int64_t`` in a kernel the backend's preparation marked ``attrs["index_dtype"] = "int64"``
+(``compiler.loopir.index_width``), where int32 index arithmetic also uses the 64-bit helpers.
 
 Subclasses override the hooks (``param_decl``, ``signature``, ``emit_parallel``, ``emit_thread_loop``,
 ``emit_vector_loop``, ``emit_store``, ``vector_store``, ``vector_expr``, ``vector_type``, ``extract_lane``,
@@ -43,6 +45,7 @@ from compiler.loopir.expr import (
     lanes_of,
     substitute,
 )
+from compiler.loopir.index_width import is_wide
 from compiler.loopir.promote import PROMOTE, promoted_slot
 from compiler.loopir.stmt import (
     Allocate,
@@ -98,6 +101,19 @@ class CStylePrinter(ABC):
         self.in_parallel = False
 
     # ------------------------------------------------------------------ hooks
+    @property
+    def index_ctype(self) -> str:
+        """The C type of loop variables: ``int64_t`` in a kernel marked for 64-bit indices
+        (``compiler.loopir.index_width``), else ``int32_t``."""
+        return "int64_t" if is_wide(self.func) else "int32_t"
+
+    def int_short(self, dtype: str) -> str | None:
+        """The helper suffix of an integer/float dtype (``i32``), ``i64`` for int32 index arithmetic of a
+        64-bit-index kernel."""
+        if dtype == "int32" and is_wide(self.func):
+            return "i64"
+        return _SHORT.get(dtype)
+
     def param_decl(self, buf: Buffer, name: str, is_input: bool) -> str:
         qual = "const " if is_input else ""
         return f"{qual}{c_type(buf.dtype)}* {self.restrict} {name}"
@@ -249,7 +265,7 @@ class CStylePrinter(ABC):
             self.line(pragma)
         with (
             self.loop_var(s.var, s.extent) as v,
-            self.block(f"for (int32_t {v} = 0; {v} < {s.extent}; ++{v})"),
+            self.block(f"for ({self.index_ctype} {v} = 0; {v} < {s.extent}; ++{v})"),
         ):
             self.stmt(s.body)
 
@@ -304,6 +320,8 @@ class CStylePrinter(ABC):
     def emit_let(self, s: LetStmt) -> None:
         lanes = lanes_of(s.var.dtype)
         t = c_type(s.var.dtype) if lanes == 1 else self.vector_type(element_dtype(s.var.dtype), lanes)
+        if s.var.dtype == "int32" and is_wide(self.func):
+            t = self.index_ctype
         name = self.names.fresh(s.var.name)
         self.line(f"const {t} {name} = {self.top(s.value)};")
         self.var_names[s.var] = name
@@ -409,7 +427,7 @@ class CStylePrinter(ABC):
 
     def binary(self, e: Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
-        s = _SHORT.get(e.dtype)
+        s = self.int_short(e.dtype)
         if e.op in ("+", "-", "*", "/"):
             return f"({a} {e.op} {b})"
         if e.op in ("min", "max"):

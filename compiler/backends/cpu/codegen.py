@@ -19,6 +19,11 @@ vector expressions with GCC vector extensions (``kiln_f32x16`` & co. from the pr
 lanes of 0 / -1; a scalar operand of ``+ - * /`` or of a comparison is written as is, which GCC broadcasts)
 and a ``vectorized`` loop that stayed scalar with ``#pragma GCC ivdep``.
 
+Loop variables are ``int32_t``; a kernel some index of which can pass 2^31 - 1 (a buffer of more than
+2^31 - 1 elements, a longer loop, an overflowing intermediate product: ``compiler.loopir.index_width``) is
+marked in :func:`prepare` and declares them ``int64_t`` (its loops whose vector form needs int32 index
+vectors stay scalar).
+
 min/max print as ``a > b ? a : b``, which gcc turns into maxps/minps: when ``a`` is NaN the result is ``b``
 (NaN is propagated only from the second operand), unlike numpy's NaN-propagating maximum.
 """
@@ -50,9 +55,11 @@ from compiler.loopir.expr import (
     element_dtype,
     lanes_of,
     vector_dtype,
+    walk,
 )
+from compiler.loopir.index_width import index_overflow, mark_index_width
 from compiler.loopir.promote import expand_fallback_loops, promote_locals
-from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc, walk_stmts
+from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc, Stmt, stmt_exprs, walk_stmts
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 CODEGEN_VERSION = "c-3"  # bump when generated code changes meaning (part of the kernel cache key)
@@ -72,6 +79,7 @@ def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
     comes from the target)."""
     lanes = max_lanes(target)
     body = func.body
+    wide = index_overflow(func) is not None  # decided on the kernel as lowered and as prepared below
     if lanes is None:
         loop = next((x for x in walk_stmts(body) if isinstance(x, For) and x.kind == "vectorized"), None)
         if loop is not None:
@@ -85,8 +93,13 @@ def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
         body = promote_locals(body, vectorize.vectorizable)
         body = expand_fallback_loops(vectorize.vectorize_loops(body))
     if body is func.body:
-        return func
-    return PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+        return mark_index_width(func, wide)
+    out = PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
+    wide = wide or index_overflow(out) is not None
+    if wide and _has_ramp(body):
+        # index vectors have int32 lanes: a 64-bit-index kernel keeps those loops scalar (ivdep loops)
+        out = PrimFunc(func.name, func.params, promote_locals(func.body), func.num_inputs, dict(func.attrs))
+    return mark_index_width(out, wide)
 
 
 _VT = {"float32": "f32", "int32": "i32", "bool": "i32"}  # masks are int32 lanes of 0 / -1
@@ -297,6 +310,10 @@ def _entry(funcs: dict[str, PrimFunc], launches: Sequence[Any]) -> str:
         lines.append(f"  {f.name}({', '.join(f'buffers[{int(a)}]' for a in launch.args)});")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _has_ramp(body: Stmt) -> bool:
+    return any(isinstance(x, Ramp) for s in walk_stmts(body) for e in stmt_exprs(s) for x in walk(e))
 
 
 def _is(e: Expr, value: int) -> bool:

@@ -7,8 +7,11 @@ A function whose body has several top-level loop nests becomes several kernels `
 launched in order (:func:`kernel_names`).
 
 * Loops bound to ``blockIdx.*`` / ``threadIdx.*``: the loop variable *is* the index
-  (``const int tx = (int)threadIdx.x;``); a thread loop whose extent is below the block size is guarded
-  (``if (tx < 48)``), one of extent 1 runs on thread 0 only. ``blockIdx`` loops must enclose the kernel.
+  (``const int32_t tx = (int32_t)threadIdx.x;``); a thread loop whose extent is below the block size is
+  guarded (``if (tx < 48)``), one of extent 1 runs on thread 0 only. ``blockIdx`` loops must enclose the
+  kernel. A kernel some index of which can pass 2^31 - 1 (``compiler.loopir.index_width``, decided per
+  kernel after :func:`prepare`) reads them as ``int64_t`` instead, so every offset built on them is
+  64-bit; a grid over the hardware limit is a CompileError naming the kernel and its largest buffer.
 * ``shared`` allocations are ``__shared__ __align__(16)`` arrays; past 48 KiB per block they are carved
   from dynamic shared memory (``extern __shared__``), recorded as ``dynamic_shared_bytes``. ``local``
   allocations are per-thread arrays (registers once their indices are constants). ``global`` scratch
@@ -53,6 +56,7 @@ from compiler.loopir.expr import (
     element_dtype,
     lanes_of,
 )
+from compiler.loopir.index_width import index_overflow, is_wide, mark_index_width
 from compiler.loopir.promote import promote_locals
 from compiler.loopir.stmt import (
     Allocate,
@@ -119,7 +123,9 @@ class CudaPrinter(CStylePrinter):
             raise CompileError(f"kernel name {func.name!r} is not a valid C identifier")
         out = []
         for launch, part in zip(kernel_launches(func), lower_cuda.kernel_parts(func.body)):
+            raw = PrimFunc(launch["name"], func.params, part, func.num_inputs, dict(func.attrs))
             sub = PrimFunc(launch["name"], func.params, prepare(part), func.num_inputs, dict(func.attrs))
+            sub = mark_index_width(sub, index_overflow(raw) is not None or index_overflow(sub) is not None)
             out.append((launch["name"], self.kernel(sub, launch), launch))
         return out
 
@@ -127,7 +133,12 @@ class CudaPrinter(CStylePrinter):
         self._check_structure(func)
         for axis, n, limit in zip("xyz", launch["grid"], (2**31 - 1, 65535, 65535)):
             if n > limit:
-                raise CompileError(f"kernel {func.name}: grid {axis} of {n} blocks exceeds the limit {limit}")
+                big = max(_buffers(func), key=lambda b: b.numel, default=None)
+                what = f" (buffer {big.name}: {big.numel} elements)" if big is not None else ""
+                raise CompileError(
+                    f"kernel {func.name}: grid {axis} of {n} blocks exceeds the limit {limit}{what}; "
+                    "give each block more elements (a larger threadIdx extent or an inner loop)"
+                )
         if math.prod(launch["block"]) > 1024:
             raise CompileError(
                 f"kernel {func.name}: {math.prod(launch['block'])} threads per block exceed 1024"
@@ -207,7 +218,7 @@ class CudaPrinter(CStylePrinter):
         if tag.startswith("blockIdx"):
             with self.loop_var(s.var, s.extent) as v:
                 if used:
-                    self.line(f"const int32_t {v} = (int32_t){tag};")
+                    self.line(f"const {self.index_ctype} {v} = ({self.index_ctype}){tag};")
                 self.stmt(s.body)
             return
         full = self.dims.get(tag, s.extent)
@@ -217,7 +228,7 @@ class CudaPrinter(CStylePrinter):
             return
         with self.block(""), self.loop_var(s.var, s.extent) as v:
             if used:
-                self.line(f"const int32_t {v} = (int32_t){tag};")
+                self.line(f"const {self.index_ctype} {v} = ({self.index_ctype}){tag};")
             if s.extent < full:
                 with self.block(f"if ({v if used else tag} < {s.extent})"):
                     self.stmt(s.body)
@@ -328,10 +339,12 @@ class CudaPrinter(CStylePrinter):
             if e.dtype == "float64":
                 return f"f{e.op}({a}, {b})"
             if dtypes.is_int(e.dtype):
+                if is_wide(self.func) and e.dtype in ("int32", "int64"):  # one overload: long long
+                    return f"{e.op}((long long)({a}), (long long)({b}))"
                 return f"{e.op}({a}, {b})"
             raise CompileError(f"{e.op} on {e.dtype} is not supported by the CUDA target")
         if e.op in ("//", "%") and dtypes.is_int(e.dtype) and not (self.nonneg(e.a) and self.nonneg(e.b)):
-            s = {"int32": "i32", "int64": "i64"}.get(e.dtype)
+            s = self.int_short(e.dtype) if e.dtype in ("int32", "int64") else None
             if s is None:
                 raise CompileError(f"floor {e.op} on {e.dtype} is not supported by the CUDA target")
             name = "floordiv" if e.op == "//" else "floormod"
@@ -408,3 +421,6 @@ def generate_cuda(funcs: Sequence[PrimFunc], target: Any = None, fast_math: bool
 
 
 # ====================================================================== helpers
+def _buffers(func: PrimFunc) -> list[Buffer]:
+    """The parameters and allocations of a kernel."""
+    return [*func.params, *(s.buffer for s in walk_stmts(func.body) if isinstance(s, Allocate))]
