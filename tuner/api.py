@@ -257,6 +257,10 @@ def tune(
         raise KilnError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
     graph = load_model(model, input_shapes) if isinstance(model, str) else model
     target = Target.parse(target)
+    if measurer is None and target.kind == "cuda":
+        from compiler.backends.cuda.device import require_cupy
+
+        require_cupy("tuning for the cuda target")  # one line, before a run row is opened
     chosen = select_tasks(extract_tasks(graph, target), tasks)
     total_trials = budget.total_trials(len(chosen))
     args = {

@@ -86,17 +86,41 @@ def test_the_run_is_closed_when_measuring_fails(url: str) -> None:
         assert run.finished_at is not None
 
 
-def test_the_run_is_closed_when_the_measurer_cannot_be_made(url: str) -> None:
-    """`kiln tune --target cuda` on a machine that cannot build or run CUDA fails cleanly with a closed
-    run; where CUDA works it tunes (both leave a finished run row)."""
+@pytest.fixture
+def no_cupy(monkeypatch):
+    """This machine as CI sees it: no CuPy (even where one is installed)."""
+    from compiler.backends.cuda.device import current_cuda_target
+
+    monkeypatch.setenv("KILN_DISABLE_CUPY", "1")
+    current_cuda_target.cache_clear()
+    yield
+    current_cuda_target.cache_clear()
+
+
+def test_tune_for_cuda_without_cupy_says_so_in_one_line_before_opening_a_run(url: str, no_cupy) -> None:
+    """`kiln tune --target cuda` on a machine without CuPy (or a GPU): one line naming what is missing and
+    the install command, a non-zero exit, and no run row at all (the check comes before the run)."""
     out = kiln("tune", "--model", "softmax", "--target", "cuda", "--trials", "2", "--db", url, "--no-summary")
-    assert "Traceback" not in out.stderr
-    if out.returncode != 0:
-        assert out.returncode == 2 and "kiln tune: error:" in out.stderr
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("kiln tune: error:") and "CuPy is not installed" in lines[0]
+    assert 'pip install -e ".[cuda]"' in lines[0]
+    from compiler.backends.cuda.device import CudaUnavailable
+
+    with pytest.raises(CudaUnavailable, match="tuning for the cuda target needs CuPy"):
+        tune("softmax", "cuda", url, 2)
+    with TuningDatabase.open(url, create=True) as db:
+        assert db.runs() == []
+
+
+def test_tune_for_cuda_with_a_given_measurer_needs_no_cupy(url: str, no_cupy) -> None:
+    """The check is about the default measurer: a measurer passed in (here simulated) is used as is."""
+    summary = tune("softmax", "cuda", url, 2, measurer=simulated(), time_model=False)
+    assert summary.measured == 2 and summary.target.startswith("cuda/")
     with TuningDatabase.open(url) as db:
         (run,) = db.runs("softmax")
-        assert run.finished_at is not None and run.target_key.startswith("cuda/")
-        assert run.command_line.startswith("kiln tune --model softmax --target cuda")
+        assert run.finished_at is not None
 
 
 def test_bad_arguments_are_kiln_errors(url: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from compiler.errors import KilnError
 from compiler.target import Target
 
-INSTALL_HINT = "pip install 'kiln-tuner[cuda]'  (CuPy for CUDA 13: cupy-cuda13x)"
+INSTALL_HINT = 'pip install -e ".[cuda]"  (CuPy for CUDA 13 with its NVRTC: cupy-cuda13x[ctk])'
 
 
 class CudaUnavailable(KilnError):
@@ -49,6 +49,32 @@ def why_unavailable() -> str | None:
     if count < 1:
         return "CuPy is installed but no NVIDIA GPU is visible (cudaGetDeviceCount() == 0)"
     return None
+
+
+def nvrtc_load_error(exc: BaseException) -> CudaUnavailable | None:
+    """A one-line CudaUnavailable when ``exc`` says CuPy could not load the NVRTC library (CuPy 13:
+    ``RuntimeError: CuPy failed to load libnvrtc.so.13: OSError: ...``; CuPy 14: cuda-pathfinder's
+    ``DynamicLibNotFoundError``; an OSError from ``dlopen``), else None (a real compile error)."""
+    text = f"{type(exc).__name__}: {exc}"
+    lowered = text.lower()
+    if "nvrtc" not in lowered:
+        return None
+    loading = (
+        isinstance(exc, (OSError, ImportError))
+        or "failed to load" in lowered
+        or "cannot open shared object" in lowered
+        or "could not find module" in lowered
+        or "dynamiclib" in lowered
+        or "not found" in lowered
+        or "builtin_operation_failure" in lowered
+    )
+    if not loading:
+        return None
+    first = " ".join(text.split())[:200]
+    return CudaUnavailable(
+        f"CuPy is installed but cannot load the NVRTC library libnvrtc ({first}); install CUDA's NVRTC "
+        f"with the cuda extra: {INSTALL_HINT}"
+    )
 
 
 def require_cupy(what: str = "running a model on the cuda target") -> Any:

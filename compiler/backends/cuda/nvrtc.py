@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.backends.cuda.codegen import CODEGEN_VERSION
-from compiler.backends.cuda.device import require_cupy
+from compiler.backends.cuda.device import nvrtc_load_error, require_cupy
 from compiler.errors import CompileError
 from compiler.runtime import module_cache
 
@@ -97,6 +97,9 @@ def build(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIONS) -> C
         try:
             raw.compile()
         except Exception as exc:
+            unavailable = nvrtc_load_error(exc)
+            if unavailable is not None:
+                raise unavailable from None
             raise CompileError(error_message("NVRTC", source, str(exc), arch)) from None
     mod = _modules[key] = CudaModule(raw, key)
     return mod
@@ -110,11 +113,20 @@ def _nvrtc_cubin(source: str, arch: str, options: tuple[str, ...]) -> bytes | No
         return None
     if not all(hasattr(nvrtc, f) for f in ("createProgram", "compileProgram", "getCUBIN", "getProgramLog")):
         return None
-    prog = nvrtc.createProgram(source, "kiln.cu", (), ())
+    try:
+        prog = nvrtc.createProgram(source, "kiln.cu", (), ())
+    except Exception as exc:  # the binding loads libnvrtc at its first call
+        unavailable = nvrtc_load_error(exc)
+        if unavailable is not None:
+            raise unavailable from None
+        raise
     try:
         try:
             nvrtc.compileProgram(prog, [*options, f"--gpu-architecture={arch}"])
         except Exception as exc:
+            unavailable = nvrtc_load_error(exc)
+            if unavailable is not None:
+                raise unavailable from None
             try:
                 log = nvrtc.getProgramLog(prog)
             except Exception:
