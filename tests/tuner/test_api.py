@@ -142,3 +142,25 @@ def test_records_of_a_failed_measurement_are_data(url: str) -> None:
     )
     (task,) = summary.tasks
     assert task.best_us == 5.0 and task.errors.get("wrong_result", 0) >= 1
+
+
+@pytest.mark.parametrize("cost_model", ["analytic", "gbdt"])
+def test_cuda_tuning_with_a_cost_model_then_compile_from_the_records(
+    url: str, no_cupy, cost_model, tmp_path
+) -> None:
+    """The cost models rank CUDA candidates inside a tune (simulated measurements), and `kiln compile
+    --target cuda --db` (code generation only: no GPU needed) uses the best record."""
+    summary = tune(
+        "softmax", "cuda", url, 12, batch=4, cost_model=cost_model, measurer=simulated(), time_model=False
+    )
+    assert summary.measured == 12
+    out = kiln("compile", "--model", "softmax", "--target", "cuda", "--db", url, "-o", str(tmp_path / "m"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "m" / "model.cu").exists()
+    assert "coverage: 1 of 1 kernels use tuning records" in out.stdout
+    model = tuner.compile("softmax", "cuda", db=url)
+    with TuningDatabase.open(url) as db:
+        for kernel in model.kernels:
+            best = db.best(kernel.workload_key, summary.target)
+            assert best is not None and kernel.config == best.config
+            assert kernel.extra["origin"] == "record"
