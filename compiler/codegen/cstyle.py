@@ -5,7 +5,8 @@ BufferStore / Allocate / Evaluate / Barrier (no Block). Buffers are row-major; i
 the buffer's strides and simplified under the enclosing loops' ranges. The printer keeps loop variable names
 (renaming only on clashes), one statement per line, two-space indentation. Loop variables are ``int32_t``,
 ``int64_t`` in a kernel the backend's preparation marked ``attrs["index_dtype"] = "int64"``
-(``compiler.loopir.index_width``), where int32 index arithmetic also uses the 64-bit helpers.
+(``compiler.loopir.index_width``), where int32 index arithmetic (helpers, casts to int32, int32 lets) is
+64-bit too.
 
 Subclasses override the hooks (``param_decl``, ``signature``, ``emit_parallel``, ``emit_thread_loop``,
 ``emit_vector_loop``, ``emit_store``, ``vector_store``, ``vector_expr``, ``vector_type``, ``extract_lane``,
@@ -406,6 +407,8 @@ class CStylePrinter(ABC):
         if isinstance(e, Cast):
             if e.dtype == "bool":
                 return f"({self.expr(e.value)} != 0)"
+            if e.dtype == "int32" and is_wide(self.func):  # e.g. a gather's ids, scaled by a row stride
+                return f"(({self.index_ctype}){self.expr(e.value)})"
             return f"(({c_type(e.dtype)}){self.expr(e.value)})"
         if isinstance(e, Call):
             return self.math_call(e.name, [self.expr(a) for a in e.args], e.dtype)

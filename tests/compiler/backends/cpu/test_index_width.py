@@ -59,6 +59,16 @@ def test_broadcast_add_over_more_than_2_31_elements_uses_int64_loops():
     assert "1073741824 * " in text  # the row offset, computed in 64 bits from an int64_t loop variable
 
 
+def test_gather_from_a_table_of_more_than_2_31_elements_scales_ids_in_64_bits():
+    b = GraphBuilder("big_gather")
+    func = cpu_func(b.build([b.gather(b.input("table", (1 << 22, 1024)), b.input("ids", (8, 16), "int64"))]))
+    src = generate_c([func], HOST)
+    text = kernel_text(src, func.name)
+    assert loop_types(text) == {"int64_t"}, text
+    assert "(int64_t)in1[" in text and "int32_t" not in text  # id * 1024 must not wrap at 2^31
+    cbuild.build(src)
+
+
 def test_small_kernel_stays_32_bit():
     b = GraphBuilder("small_relu")
     func = cpu_func(b.build([b.relu(b.add(b.input("x", (64, 1000)), b.input("y", (1000,))))]))

@@ -49,6 +49,11 @@ def big_add() -> PrimFunc:
     return gpu_func(b.build([b.add(b.input("x", BIG), b.input("y", (1 << 30,)))]))
 
 
+def big_gather() -> PrimFunc:
+    b = GraphBuilder("big_gather")
+    return gpu_func(b.build([b.gather(b.input("table", (1 << 22, 1024)), b.input("ids", (8, 16), "int64"))]))
+
+
 def intermediate() -> PrimFunc:
     """out[f] = x[min((f * 3000000) // 3000001, 1023)] + x[max((f * -3) // 7 + 1023, 0)]: offsets stay
     small, the product reaches 3.1e12 and the floor division has a negative operand."""
@@ -77,6 +82,13 @@ def test_broadcast_add_over_more_than_2_31_elements_uses_64_bit_indices():
     assert index_decls(text) == {"int64_t"}, text
 
 
+def test_gather_from_a_table_of_more_than_2_31_elements_scales_ids_in_64_bits():
+    func = big_gather()
+    text = kernel_body(generate_cuda([func], CUDA), func.name)
+    assert index_decls(text) == {"int64_t"}, text
+    assert "(int64_t)in1[" in text and "int32_t" not in text  # id * 1024 must not wrap at 2^31
+
+
 def test_intermediate_product_overflow_uses_64_bit_helpers():
     func = intermediate()
     assert "can reach (0, 3145725000000)" in index_overflow(func), index_overflow(func)
@@ -97,7 +109,7 @@ def test_small_kernel_stays_32_bit():
 
 @needs_nvcc
 def test_64_bit_kernels_compile_with_nvcc():
-    funcs = [big_relu(), big_add(), intermediate()]
+    funcs = [big_relu(), big_add(), big_gather(), intermediate()]
     res = nvcc_check(generate_cuda(funcs, CUDA))
     for f in funcs:
         for launch in kernel_launches(f):
