@@ -341,21 +341,36 @@ class FeatureExtractor:
         self.hits = 0
         self.misses = 0
 
-    def key(self, group: Group, target: Target, config: Config, sketch_name: str | None = None) -> tuple:
+    def key(
+        self,
+        group: Group,
+        target: Target,
+        config: Config,
+        sketch_name: str | None = None,
+        registers: int | None = None,
+    ) -> tuple:
         sketch = get_sketch(sketch_name, target) if sketch_name else sketch_for(group, target)
-        return (group.workload_key, sketch.name, sketch.version, target.key, canonical_json(config))
+        k = (group.workload_key, sketch.name, sketch.version, target.key, canonical_json(config))
+        return k if registers is None else (*k, int(registers))
 
     def get(
-        self, group: Group, target: Target, config: Config, sketch_name: str | None = None
+        self,
+        group: Group,
+        target: Target,
+        config: Config,
+        sketch_name: str | None = None,
+        registers: int | None = None,
     ) -> np.ndarray | None:
-        k = self.key(group, target, config, sketch_name)
+        """``registers``: registers per thread a CUDA build reported for this candidate, when known."""
+        k = self.key(group, target, config, sketch_name, registers)
         if k in self._memo:
             self.hits += 1
             self._memo.move_to_end(k)
             return self._memo[k]
         self.misses += 1
         try:
-            vec: np.ndarray | None = extract(lower_candidate(group, config, target, k[1]), group, target)
+            func = lower_candidate(group, config, target, k[1])
+            vec: np.ndarray | None = extract(func, group, target, registers)
         except (ScheduleError, KilnError):
             vec = None
         self.put(k, vec)
@@ -373,6 +388,6 @@ class FeatureExtractor:
             return True, self._memo[key]
         return False, None
 
-    def for_task(self, task: Any, config: Config) -> np.ndarray | None:
+    def for_task(self, task: Any, config: Config, registers: int | None = None) -> np.ndarray | None:
         """Features of ``config`` for a :class:`~tuner.task.Task`."""
-        return self.get(task.group, task.target, config, task.sketch.name)
+        return self.get(task.group, task.target, config, task.sketch.name, registers)

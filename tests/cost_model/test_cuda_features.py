@@ -154,6 +154,10 @@ def test_reported_registers_override_the_estimate_and_limit_occupancy():
     assert _value(heavy, "gpu_occupancy") == 0.0  # 128 registers: the block does not fit an SM
     scores = AnalyticModel().predict(np.stack([estimated, medium, heavy]))
     assert np.all(np.isfinite(scores)) and scores[0] > scores[1] > scores[2]
+    fx = FeatureExtractor()  # the extractor keeps reported and estimated vectors apart
+    config = dict(task.default(), threads=1024)
+    assert np.array_equal(fx.for_task(task, config, registers=64), medium)
+    assert np.array_equal(fx.for_task(task, config), estimated)
 
 
 def test_occupancy_follows_the_targets_sm_limits():
