@@ -91,6 +91,9 @@ def test_a_compile_error_is_not_mistaken_for_a_missing_library():
 
 
 def test_a_real_nvrtc_compile_error_stays_a_compile_error(fake_gpu, monkeypatch):
-    monkeypatch.setenv(fake_cupy.FAULTS_ENV, '{"k_bad": "compile_error"}')
+    def fail(self):
+        raise RuntimeError('kiln.cu(1): error: identifier "oops" is undefined (NVRTC_ERROR_COMPILATION)')
+
+    monkeypatch.setattr(fake_cupy.RawModule, "compile", fail)
     with pytest.raises(CompileError, match="k_bad"):
-        nvrtc.build('extern "C" __global__ void k_bad() {}\n', "sm_90")
+        nvrtc.build('extern "C" __global__ void k_bad() { oops; }\n', "sm_90")
