@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from compiler import dtypes
 from compiler.loopir import simplify as simp
-from compiler.loopir.expr import Expr, Load, Var, element_dtype, walk
+from compiler.loopir.expr import Expr, Load, Var, lanes_of, walk
 from compiler.loopir.stmt import (
     Allocate,
     Block,
@@ -67,7 +67,8 @@ def is_wide(func: PrimFunc | None) -> bool:
 
 
 def _is_int(dtype: str) -> bool:
-    return dtypes.is_int(element_dtype(dtype))
+    """A scalar integer type (vector expressions are bounded through their scalar parts)."""
+    return lanes_of(dtype) == 1 and dtypes.is_int(dtype)
 
 
 def _fits(r: tuple[int, int] | None) -> bool:

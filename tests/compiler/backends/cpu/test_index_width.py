@@ -20,7 +20,7 @@ from compiler.fusion import fuse
 from compiler.loopir import lower_func
 from compiler.loopir.expr import Load, Var, cast, const
 from compiler.loopir.index_width import index_dtype, index_overflow
-from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc
+from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc, seq
 from compiler.passes import optimize
 from compiler.target import Target
 from tests.compiler.backends.cpu.util import kernel_text, run
@@ -141,3 +141,23 @@ def test_no_zoo_kernel_needs_64_bit_indices(target):
             assert index_overflow(k.func) is None, f"{model}: {index_overflow(k.func)}"
             if target == "cpu":
                 assert "index_dtype" not in prepare(k.func, HOST).attrs
+
+
+def test_vector_code_is_checked_through_its_scalar_parts():
+    """A prepared kernel holding int32 vectors (a float->int32 cast, a ramp cast to float) is analysed
+    without error and stays 32-bit."""
+    x = Buffer("x", (1024,), "float32")
+    out, pos = Buffer("out", (1024,), "int32"), Buffer("pos", (1024,), "float32")
+    i, j = Var("i"), Var("j")
+    f = i * 16 + j
+    body = seq(
+        BufferStore(out, (f,), cast(Load(x, (f,)), "int32")), BufferStore(pos, (f,), cast(f, "float32"))
+    )
+    func = PrimFunc("iota", [x, out, pos], For(i, 64, For(j, 16, body, kind="vectorized")), 1)
+    prepared = prepare(func, HOST)
+    assert "kiln_iota" in kernel_text(generate_c([func], HOST), "iota")
+    assert index_overflow(prepared) is None and "index_dtype" not in prepared.attrs
+    xv = np.arange(1024, dtype=np.float32) * 0.5
+    got, got_pos = run(func, xv)
+    np.testing.assert_array_equal(got, xv.astype(np.int32))
+    np.testing.assert_array_equal(got_pos, np.arange(1024, dtype=np.float32))
