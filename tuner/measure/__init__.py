@@ -15,10 +15,12 @@ Roles (one ABC each, contracts in the docstrings):
 The package holds the parts that do not depend on the target (this module, ``pool.py``: supervised worker
 processes, ``sim.py``: ``SimulatedBuilder`` / ``SimulatedRunner`` replaying recorded timings) and one
 sub-package per target kind with that kind's ``LocalBuilder`` and ``LocalRunner``: ``cpu/`` (a process pool
-that compiles several candidates in one gcc call; a runner timing kernels in an isolated worker). The
-``local`` builder and runner of a target are found by its kind (``tuner.measure.<kind>``), so measuring on a
-new backend means adding ``tuner/measure/<kind>/`` beside ``compiler/backends/<kind>/``; the CUDA builder and
-runner belong in ``tuner/measure/cuda/`` (not built yet: ``local`` for a cuda target is a clear KilnError).
+that compiles several candidates in one gcc call; a runner timing kernels in an isolated worker), ``cuda/``
+(NVRTC in a process pool, one candidate per job; a runner owning the CUDA context in a spawned worker, CUDA
+events, an L2 flush for memory-bound tasks, a restart after a sticky error). ``check.py`` holds what every
+runner checks with (task data, guards, poison, comparison with the reference). The ``local`` builder and
+runner of a target are found by its kind (``tuner.measure.<kind>``), so measuring on a new backend means
+adding ``tuner/measure/<kind>/`` beside ``compiler/backends/<kind>/``.
 
 Factories accept a name or an instance: ``create_builder("local")``, ``create_runner("simulated",
 timings=...)``, ``Measurer("local", my_runner)``; ``create_measurer(target, workers)`` is what ``kiln tune``
@@ -221,8 +223,7 @@ def create_builder(
 def create_runner(spec: str | Runner = "local", target: Target | str | None = None, **options: Any) -> Runner:
     """A runner from a name and options, or ``spec`` itself if it is one. ``local`` is the ``LocalRunner``
     of the target's kind (default: cpu), from ``tuner.measure.<kind>``: ``cpu`` ->
-    :class:`~tuner.measure.cpu.run.LocalRunner`; ``cuda`` is not built yet (its runner: a worker owning the
-    CUDA context, CUDA events, an L2 flush between runs, and a restart after a sticky error).
+    :class:`~tuner.measure.cpu.run.LocalRunner`; ``cuda`` -> :class:`~tuner.measure.cuda.run.LocalRunner`.
     ``simulated`` -> :class:`~tuner.measure.sim.SimulatedRunner`."""
     if isinstance(spec, Runner):
         return spec

@@ -19,60 +19,20 @@ waiting for a descheduled sibling) is measured slow rather than timed out. Cache
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from compiler import reference
-from compiler.canonical import canonical_json
-from compiler.layouts import layout_from_json
 from db.status import Status
 from tuner.measure import BuildResult, MeasureInput, Runner, RunResult
+from tuner.measure.check import TaskData, signature_problem, task_data
 from tuner.measure.cpu import run_worker
 from tuner.measure.cpu.harness import MAX_ARGS, harness_library
 from tuner.measure.pool import Worker, WorkerDied, WorkerTimeout
-
-
-@dataclass
-class TaskData:
-    """A task's verification data: random inputs and the numpy reference outputs (group order)."""
-
-    key: str
-    inputs: list[np.ndarray]
-    refs: list[np.ndarray]
-    in_names: list[str]
-    out_names: list[str]
-    seed: int
-    relaid: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (input, layout) -> array
-
-    def relayout(self, pos: int, spec: dict[str, Any]) -> tuple[str, np.ndarray]:
-        """Input ``pos`` in the layout ``spec`` a kernel asks for (pre-packed weights), computed once."""
-        key = canonical_json(spec)
-        if (pos, key) not in self.relaid:
-            self.relaid[(pos, key)] = layout_from_json(spec).apply(self.inputs[pos])
-        return key, self.relaid[(pos, key)]
-
-
-def task_data(task: Any, seed: int = 0) -> TaskData:
-    """Random inputs (seeded by the workload key and ``seed``) and the reference outputs of ``task``."""
-    graph = task.group.subgraph
-    task_seed = (int(task.workload_key[:12], 16) ^ seed) & 0x7FFFFFFF
-    inputs = [np.ascontiguousarray(a) for a in reference.random_inputs(graph, task_seed)]
-    # One BLAS/OpenMP thread for the reference: a multi-threaded BLAS keeps its threads spinning for about
-    # 0.1 s after a call, and the first candidate timed right after it (the default config, always first)
-    # shared the cores with them and was measured up to 50x slow, so tuning "beat" a default it never saw.
-    with threadpool_limits(limits=1):
-        refs = [np.ascontiguousarray(r) for r in reference.run_reference(graph, inputs)]
-    names = [v.name or f"in{k}" for k, v in enumerate(graph.inputs)]
-    out_names = [v.name or f"out{k}" for k, v in enumerate(task.group.outputs)]
-    return TaskData(task.workload_key, inputs, refs, names, out_names, task_seed)
 
 
 class LocalRunner(Runner):
@@ -209,14 +169,6 @@ class LocalRunner(Runner):
 
 def _signature_problem(build: BuildResult, data: TaskData, relaid: dict[int, np.ndarray]) -> str | None:
     params = build.info.get("params")
-    if params is None:
-        return None
-    # the C ABI is flat pointers: what must agree is the number of elements and the dtype of each buffer
-    inputs = [relaid.get(k, a) for k, a in enumerate(data.inputs)]
-    expected = [(int(a.size), a.dtype.name) for a in (*inputs, *data.refs)]
-    got = [(math.prod(shape), dtype) for _, shape, dtype in params]
-    if len(got) > MAX_ARGS:
-        return f"the kernel takes {len(got)} buffers; the timing harness supports {MAX_ARGS}"
-    if got != expected:
-        return f"kernel parameters (elements, dtype) {got} do not match the group's buffers {expected}"
-    return None
+    if params is not None and len(params) > MAX_ARGS:
+        return f"the kernel takes {len(params)} buffers; the timing harness supports {MAX_ARGS}"
+    return signature_problem(build.info, data, relaid)

@@ -30,16 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from tuner.measure.check import CANARY, GUARD, POISON, RTOL, compare  # noqa: F401 (re-exported)
 from tuner.measure.pool import serve
 
-GUARD = 4096  # bytes of canary before and after every output buffer
-CANARY = 0xA5
-POISON = {  # bit patterns written into outputs before the verification run
-    "float32": np.array([0x7FC5A5A5], np.uint32).view(np.float32)[0],
-    "float64": np.array([0x7FF8A5A5A5A5A5A5], np.uint64).view(np.float64)[0],
-    "float16": np.array([0x7E5A], np.uint16).view(np.float16)[0],
-}
-RTOL = {"float32": 1e-4, "float16": 1e-2, "float64": 1e-9}
 MAX_LIBRARIES = 16  # libraries kept loaded; older ones are closed
 
 
@@ -205,54 +198,6 @@ class _RunWorker:
             if msg is not None:
                 return ("wrong_result", None, msg, {})
         return None
-
-
-def compare(out: np.ndarray, ref: np.ndarray, name: str) -> str | None:
-    """None if ``out`` matches ``ref`` (floats: max|err| <= rtol * max(1, max|ref|), NaN where the reference
-    is NaN; other dtypes: exactly), else a message with the largest error and where it is."""
-    if ref.dtype.kind != "f":
-        flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
-        if ref.dtype == np.bool_:  # compare the bytes: a poisoned bool (0xA5) is neither true nor false
-            flat_out, flat_ref = flat_out.view(np.uint8), flat_ref.view(np.uint8)
-        bad = np.flatnonzero(flat_out != flat_ref)
-        if bad.size:
-            at = np.unravel_index(int(bad[0]), ref.shape) if ref.shape else ()
-            got, want = out.reshape(-1)[bad[0]], ref.reshape(-1)[bad[0]]
-            return (
-                f"output '{name}': {bad.size} of {ref.size} elements differ from the reference "
-                f"(first at {list(map(int, at))}: got {got!r}, expected {want!r})"
-            )
-        return None
-    o = out.astype(np.float64).reshape(-1)
-    r = ref.astype(np.float64).reshape(-1)
-    nan_o, nan_r = np.isnan(o), np.isnan(r)
-    if (nan_o != nan_r).any():
-        k = int(np.flatnonzero(nan_o != nan_r)[0])
-        count = int((nan_o != nan_r).sum())
-        at = list(map(int, np.unravel_index(k, ref.shape))) if ref.shape else []
-        return (
-            f"output '{name}': {count} of {ref.size} elements are NaN where the reference is not, or the "
-            f"reverse (unwritten outputs stay NaN); first at {at}: got {o[k]!r}, expected {r[k]!r}"
-        )
-    finite = np.isfinite(r)
-    inf_bad = ~finite & ~nan_r & (o != r)
-    if inf_bad.any():
-        k = int(np.flatnonzero(inf_bad)[0])
-        return f"output '{name}': got {o[k]!r} where the reference is {r[k]!r}"
-    if not finite.any():
-        return None
-    with np.errstate(all="ignore"):
-        err = np.abs(np.where(finite, o - r, 0.0))
-    scale = max(1.0, float(np.abs(r[finite]).max()))
-    rtol = RTOL.get(ref.dtype.name, 1e-4)
-    k = int(err.argmax())
-    if not err[k] <= rtol * scale:  # also catches inf - finite
-        at = list(map(int, np.unravel_index(k, ref.shape))) if ref.shape else []
-        return (
-            f"output '{name}': max |error| {err[k]:.3g} at {at} (got {o[k]:.6g}, expected {r[k]:.6g}) "
-            f"exceeds {rtol:g} * max(1, max|ref|) = {rtol * scale:.3g}"
-        )
-    return None
 
 
 def _dlclose(lib: ctypes.CDLL) -> None:
