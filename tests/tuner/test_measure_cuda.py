@@ -199,3 +199,14 @@ def test_tuning_goes_on_after_faults(fake_gpu, monkeypatch, tmp_path):
         records = db.find_records(result.task.workload_key, summary.target)
     statuses = {str(r.status) for r in records}
     assert "ok" in statuses and len(records) == 8
+
+
+def test_with_cupy_but_no_gpu_the_builder_and_runner_say_so_in_one_line(fake_gpu, monkeypatch):
+    monkeypatch.setattr(fake_cupy.runtime, "getDeviceCount", lambda: 0)
+    for make, what in ((LocalBuilder, "building"), (LocalRunner, "measuring")):
+        with pytest.raises(KilnError) as err:
+            make()
+        assert str(err.value) == (
+            f"{what} CUDA candidates needs an NVIDIA GPU: "
+            "CuPy is installed but no NVIDIA GPU is visible (cudaGetDeviceCount() == 0)"
+        )

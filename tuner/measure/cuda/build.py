@@ -57,7 +57,8 @@ class LocalBuilder(Builder):
 
     ``timeout_s`` bounds one candidate's scheduling, code generation and compilation. ``cupy_module`` names
     a module the workers import as ``cupy`` (the tests' simulated CuPy); without it, CuPy must be
-    installed (a one-line CudaUnavailable when it is not)."""
+    installed and a GPU visible (a one-line CudaUnavailable when they are not: compiling for the current
+    device and reading the kernels' attributes need it)."""
 
     def __init__(
         self,
@@ -66,7 +67,7 @@ class LocalBuilder(Builder):
         cupy_module: str | None = None,
         work_dir: str | Path | None = None,
     ) -> None:
-        require("building CUDA candidates", cupy_module, gpu=False)
+        require("building CUDA candidates", cupy_module, gpu=True)  # nvrtc.build needs the device
         self.workers = workers or min(4, len(os.sched_getaffinity(0)))
         self.timeout_s = float(timeout_s)
         self.cupy_module = cupy_module

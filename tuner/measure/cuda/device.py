@@ -25,7 +25,7 @@ def require(what: str, cupy_module: str | None, gpu: bool) -> None:
     if gpu:
         reason = why_unavailable()
         if reason is not None:
-            raise CudaUnavailable(f"{what} needs an NVIDIA GPU: {reason.split(':')[0]} ({INSTALL})")
+            raise CudaUnavailable(f"{what} needs an NVIDIA GPU: {' '.join(reason.split())}")
 
 
 def use_cupy_module(name: str | None) -> Any:
