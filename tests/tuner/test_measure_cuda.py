@@ -210,3 +210,24 @@ def test_with_cupy_but_no_gpu_the_builder_and_runner_say_so_in_one_line(fake_gpu
             f"{what} CUDA candidates needs an NVIDIA GPU: "
             "CuPy is installed but no NVIDIA GPU is visible (cudaGetDeviceCount() == 0)"
         )
+
+
+def test_the_runner_refuses_a_launch_beyond_the_kernels_resources(fake_gpu, monkeypatch):
+    """Resources the builder could not see (here: injected after the build) are invalid_config at run."""
+    inputs = softmax_inputs()[:2]
+    with measurer() as m:
+        builds = m.builder.build(inputs)
+        assert [b.status for b in builds] == [Status.OK] * 2
+        inject(monkeypatch, {kernel_name(inputs[0]): "resources"})  # the runner worker starts after this
+        runs = m.runner.run(inputs, builds)
+    assert runs[0].status == Status.INVALID_CONFIG and "255 registers" in runs[0].error
+    assert runs[1].status == Status.OK and len(runs[1].latencies_us) == 3
+
+
+def test_a_hung_compilation_is_killed_after_the_per_candidate_timeout(fake_gpu, monkeypatch):
+    bad, good, _ = softmax_inputs()
+    inject(monkeypatch, {kernel_name(bad): "compile_hang"})
+    with LocalBuilder(workers=1, timeout_s=5.0, cupy_module=FAKE) as builder:
+        builds = builder.build([bad, good])
+    assert builds[0].status == Status.COMPILE_ERROR and "build timed out" in builds[0].error
+    assert builds[1].status == Status.OK, builds[1].error

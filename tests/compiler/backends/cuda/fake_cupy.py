@@ -16,10 +16,10 @@ of each kernel is pickled into ``$KILN_FAKE_CUPY_DIR`` under the hash of its sou
 
 Fault injection (``$KILN_FAKE_CUPY_FAULTS``, JSON ``{kernel name prefix: fault}``, read at each use, so
 spawned workers see what the test set): ``compile_error`` (NVRTC rejects the source with an error line in
-the kernel), ``resources`` (the kernel allows 0 threads per block: too many registers), ``sticky`` (the
-launch raises an illegal-address error and every later CUDA call of the process fails), ``hang`` (the
-launch never returns), ``wrong_result`` (the kernel runs, then its first output is off by one), ``oob``
-(the kernel runs, then writes 4 bytes past the end of its first output)."""
+the kernel), ``compile_hang`` (NVRTC never returns), ``resources`` (the kernel allows 0 threads per block:
+too many registers), ``sticky`` (the launch raises an illegal-address error and every later CUDA call of
+the process fails), ``hang`` (the launch never returns), ``wrong_result`` (the kernel runs, then its first
+output is off by one), ``oob`` (the kernel runs, then writes 4 bytes past the end of its first output)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ KERNELS: dict[str, object] = {}
 LAUNCHES: list[tuple[str, tuple, tuple, int]] = []
 REGISTRY_ENV = "KILN_FAKE_CUPY_DIR"  # directory of pickled kernels shared by processes
 FAULTS_ENV = "KILN_FAKE_CUPY_FAULTS"  # JSON {kernel name prefix: fault}
-FAULTS = ("compile_error", "resources", "sticky", "hang", "wrong_result", "oob")
+FAULTS = ("compile_error", "compile_hang", "resources", "sticky", "hang", "wrong_result", "oob")
 _sticky: list[str] = []  # the error that poisoned this process's "context"
 
 
@@ -184,6 +184,9 @@ class RawModule:
             return None
         for line_no, line in enumerate(self.code.splitlines(), 1):
             m = re.search(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", line)
+            if m and fault(m.group(1)) == "compile_hang":
+                while True:
+                    time.sleep(1.0)
             if m and fault(m.group(1)) == "compile_error":
                 raise CUDARuntimeError(
                     f'kiln.cu({line_no + 1}): error: identifier "injected_fault" is undefined\n'
