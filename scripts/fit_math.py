@@ -7,7 +7,7 @@ the remaining ones after each rounding so that the rounding error is absorbed by
     python scripts/fit_math.py          # prints every coefficient set and its fitted error
 
 The printed numbers are what ``kiln_math.py`` holds; the measured accuracy of the finished C functions is
-checked by ``tests/compiler/codegen/test_kiln_math.py`` and ``scripts/bench_math.py``.
+checked by ``tests/compiler/backends/cpu/test_kiln_math.py`` and ``scripts/bench_math.py``.
 """
 
 from __future__ import annotations

@@ -122,8 +122,9 @@ class CStylePrinter(ABC):
     def signature(self, func: PrimFunc, params: list[str]) -> str:
         return f"void {func.name}({', '.join(params)})"
 
+    @abstractmethod
     def emit_parallel(self, s: For) -> None:
-        raise NotImplementedError
+        """Print a ``parallel`` loop (OpenMP on the CPU; a CompileError where the target has no such loop)."""
 
     def emit_thread_loop(self, s: For) -> None:
         raise CompileError(f"loop '{s.var.name}' is bound to {s.thread}, which this target cannot run")

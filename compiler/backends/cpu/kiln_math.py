@@ -5,7 +5,7 @@ that call it, and in GCC-vector-extension forms for 4, 8 and 16 lanes (``kiln_ex
 per function is rendered for each width: in the scalar form ``SEL`` is a C ternary and bit casts go through
 ``memcpy``; in the vector forms comparisons give lane masks and ``SEL`` is a bitwise blend.
 
-Accuracy (vs a float64 reference, over the whole float32 range, see tests/compiler/codegen/test_kiln_math.py):
+Accuracy (vs a float64 reference over the whole float32 range; tests/compiler/backends/cpu/test_kiln_math.py):
 exp, log, tanh, sigmoid within 3 ulp; erf within 2e-7 absolute. Overflow gives +inf, underflow 0 (subnormal
 results are rounded once), log(0) = -inf, log(x<0) = nan, nan in gives nan out, erf/tanh saturate to +-1.
 No -ffast-math is needed or wanted. Coefficients come from scripts/fit_math.py.
