@@ -11,11 +11,13 @@ bandwidth, matmuls as TFLOP/s and as a fraction of cuBLAS.
 
     python scripts/bench_gpu.py --out benchmarks/gpu.md --json $OUT/bench_gpu.json
     python scripts/bench_gpu.py --dry-run      # no GPU: build everything, time nothing
+    python scripts/bench_gpu.py --models matmul --db sqlite:///tune.db   # also Kiln with tuned records
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
@@ -217,11 +219,29 @@ def main() -> int:
     ap.add_argument("--out", help="write the markdown report here")
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--dry-run", action="store_true", help="build Kiln models and torch graphs, time nothing")
+    ap.add_argument(
+        "--db", help="tuning database URL: also time Kiln compiled with its records ('kiln tuned'), read only"
+    )
     args = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        db = None
+        if args.db:
+            from db.database import TuningDatabase
+
+            db = stack.enter_context(TuningDatabase.open(args.db, create=False))
+        return run(args, db)
+
+
+def _tuned_kernels(model) -> str:
+    return f"{sum(1 for k in model.kernels if k.extra.get('origin') == 'record')}/{len(model.kernels)}"
+
+
+def run(args: argparse.Namespace, db) -> int:
 
     from compiler.backends.cuda.device import current_cuda_target, why_unavailable
     from compiler.build import compile as kiln_compile
     from compiler.reference import random_inputs
+    from tuner.api import compile as tuned_compile
 
     graphs = workloads(args.models)
     reason = why_unavailable()
@@ -233,6 +253,8 @@ def main() -> int:
             model = kiln_compile(graph, "cuda")
             kernels = sum(len(v) for v in model.kernel_launches.values())
             note = _torch_on_cpu(graph)
+            if db is not None:
+                note += f", {_tuned_kernels(tuned_compile(graph, 'cuda', db=db))} kernels from records"
             took = time.perf_counter() - t0
             print(f"  {name}: {kernels} kernels, {len(model.source) // 1024} KiB of CUDA, {took:.1f} s{note}")
         return 0 if args.dry_run else 2
@@ -256,12 +278,21 @@ def main() -> int:
             "kiln": lambda m=model, x=dev_inputs: m.run_device(x),
             "kiln graph": lambda m=model, x=dev_inputs: m.run_device(x, cuda_graph=True),
         }
+        tuned = tuned_compile(graph, "cuda", db=db) if db is not None else None
+        if tuned is not None:
+            contenders["kiln tuned"] = lambda m=tuned, x=dev_inputs: m.run_device(x)
+            contenders["kiln tuned graph"] = lambda m=tuned, x=dev_inputs: m.run_device(x, cuda_graph=True)
         contenders.update(torch_contenders(graph, inputs, compile_mode))
         want = contenders["torch eager"]()
         errs = {who: check(name, who, fn(), want) for who, fn in contenders.items()}
         times = interleaved(contenders, args.iters, args.rounds)
-        best_kiln = min(times["kiln"], times["kiln graph"])
+        best_default = min(times["kiln"], times["kiln graph"])
+        best_kiln = min(v for k, v in times.items() if k.startswith("kiln"))
         row = {"workload": name, **{k: f"{v:,.1f}" for k, v in times.items()}}
+        if tuned is not None:
+            best_tuned = min(times["kiln tuned"], times["kiln tuned graph"])
+            row["tuned kernels"] = _tuned_kernels(tuned)
+            row["tuned vs default"] = f"{best_default / best_tuned:.2f}x"
         fl, by = flops(graph), traffic_bytes(graph)
         if fl and fl / by > 50:
             tf = fl / (best_kiln * 1e-6) / 1e12
@@ -280,9 +311,13 @@ def main() -> int:
             row["target"] = f">= {TARGETS[name][1]:.0%}: {'met' if frac >= TARGETS[name][1] else 'NOT met'}"
         rows.append(row)
         raw[name] = {"us": times, "max_rel_err": errs, "flops": fl, "bytes": by, "fraction_of_ceiling": frac}
+        if tuned is not None:
+            raw[name]["tuned_kernels"] = row["tuned kernels"]
         print(f"  {name}: " + ", ".join(f"{k} {v:,.1f} us" for k, v in times.items()))
-    cols = ["workload", "kiln", "kiln graph", "torch eager", "torch.compile", "kiln rate", "of ceiling"]
-    cols += ["vs eager", "vs compile", "target"]
+    cols = ["workload", "kiln", "kiln graph"]
+    if db is not None:
+        cols += ["kiln tuned", "kiln tuned graph", "tuned kernels", "tuned vs default"]
+    cols += ["torch eager", "torch.compile", "kiln rate", "of ceiling", "vs eager", "vs compile", "target"]
     table = markdown_table(rows, cols)
     head = (
         f"{target.device} ({target.arch}), {datetime.date.today().isoformat()}: "
@@ -290,7 +325,8 @@ def main() -> int:
         f"(read + write), cuBLAS SGEMM 4096^3 TF32 off {sgemm:.1f} TFLOP/s. Median microseconds per call "
         f"({args.iters} calls x {args.rounds} interleaved rounds, CUDA events, inputs on the device, outputs "
         "reused, no L2 flush); torch.compile mode: "
-        f"{args.compile_mode}."
+        f"{args.compile_mode}. Kiln rates and the vs columns use the fastest Kiln contender"
+        + (f"; tuned: records of {args.db}." if db is not None else ".")
     )
     print("\n" + head + "\n\n" + table)
     if args.out:
