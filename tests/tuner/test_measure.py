@@ -24,9 +24,9 @@ from tuner.measure import (
     create_builder,
     create_runner,
 )
+from tuner.measure.check import task_data
 from tuner.measure.cpu import LocalBuilder, LocalRunner
 from tuner.measure.cpu.build import blame
-from tuner.measure.cpu.run import task_data
 from tuner.measure.cpu.run_worker import compare
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
 from tuner.space import config_json

@@ -18,24 +18,22 @@ waiting for a descheduled sibling) is measured slow rather than timed out. Cache
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from db.status import Status
-from tuner.measure import BuildResult, MeasureInput, Runner, RunResult
-from tuner.measure.check import TaskData, signature_problem, task_data
+from tuner.measure import BuildResult, MeasureInput, RunResult
+from tuner.measure.check import TaskData, signature_problem
 from tuner.measure.cpu import run_worker
 from tuner.measure.cpu.harness import MAX_ARGS, harness_library
 from tuner.measure.pool import Worker, WorkerDied, WorkerTimeout
+from tuner.measure.worker_runner import WorkerRunner
 
 
-class LocalRunner(Runner):
+class LocalRunner(WorkerRunner):
     """Runs CPU candidates in one spawned worker process; see the module docstring.
 
     ``num_threads``: OpenMP threads per kernel (default: the task target's cores). ``seed`` varies the
@@ -64,53 +62,10 @@ class LocalRunner(Runner):
             "warmup_us": float(warmup_ms) * 1e3,
         }
         self.num_threads = num_threads
-        self.seed = seed
-        self.cache_tasks = cache_tasks
-        self._data: OrderedDict[str, TaskData | Exception] = OrderedDict()
-        self._worker: Worker | None = None
-        self._loaded: OrderedDict[str, set[tuple[int, str]]] = OrderedDict()  # task -> layouts it holds
-        self._worker_starts = -1
+        super().__init__(seed, cache_tasks)
 
-    @property
-    def worker(self) -> Worker:
-        if self._worker is None:
-            self._worker = Worker(run_worker.main, (str(harness_library()),), "kiln-runner")
-        return self._worker
-
-    def _task(self, task: Any) -> TaskData:
-        key = task.workload_key
-        data = self._data.pop(key, None)
-        if data is None:
-            try:
-                data = task_data(task, self.seed)
-            except Exception as exc:
-                data = exc
-        self._data[key] = data
-        while len(self._data) > self.cache_tasks:
-            self._data.popitem(last=False)
-        if isinstance(data, Exception):
-            raise data
-        return data
-
-    def _ensure_loaded(self, data: TaskData, layouts: dict[int, tuple[str, np.ndarray]]) -> None:
-        w = self.worker
-        w.ensure()
-        if w.restarts != self._worker_starts:
-            self._loaded.clear()
-            self._worker_starts = w.restarts
-        if data.key in self._loaded:
-            self._loaded.move_to_end(data.key)
-        else:
-            while len(self._loaded) >= self.cache_tasks:
-                old, _ = self._loaded.popitem(last=False)
-                w.call(("drop", old), 60.0)
-            w.call(("task", data.key, data.inputs, data.refs, data.out_names, data.in_names), 120.0)
-            self._loaded[data.key] = set()
-        held = self._loaded[data.key]
-        for pos, (layout_key, array) in layouts.items():
-            if (pos, layout_key) not in held:
-                w.call(("layout", data.key, pos, layout_key, array), 120.0)
-                held.add((pos, layout_key))
+    def _new_worker(self) -> Worker:
+        return Worker(run_worker.main, (str(harness_library()),), "kiln-runner")
 
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[RunResult]:
         return [self._run_one(inp, b) for inp, b in zip(inputs, builds)]
@@ -157,14 +112,6 @@ class LocalRunner(Runner):
             return result(Status.RUNTIME_ERROR, f"runner worker error:\n{lat}")
         return result(Status(status), error, lat)
 
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-        self._loaded.clear()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 def _signature_problem(build: BuildResult, data: TaskData, relaid: dict[int, np.ndarray]) -> str | None:

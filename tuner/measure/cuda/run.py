@@ -21,23 +21,20 @@ each sample (twice the target's L2 size) so a kernel is not timed on data left i
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from db.status import Status
-from tuner.measure import BuildResult, MeasureInput, Runner, RunResult
-from tuner.measure.check import TaskData, signature_problem, task_data
+from tuner.measure import BuildResult, MeasureInput, RunResult
+from tuner.measure.check import signature_problem
 from tuner.measure.cuda import run_worker
 from tuner.measure.cuda.device import require
 from tuner.measure.pool import Worker, WorkerDied, WorkerTimeout
+from tuner.measure.worker_runner import WorkerRunner
 
 
-class LocalRunner(Runner):
+class LocalRunner(WorkerRunner):
     """Runs CUDA candidates in one spawned worker process; see the module docstring.
 
     ``cupy_module`` names a module the worker imports as ``cupy`` (the tests' simulated CuPy); without it,
@@ -66,55 +63,18 @@ class LocalRunner(Runner):
             "max_number": int(max_number),
         }
         self.flush_intensity = float(flush_intensity)
-        self.seed = seed
-        self.cache_tasks = cache_tasks
         self.cupy_module = cupy_module
-        self._data: OrderedDict[str, TaskData | Exception] = OrderedDict()
-        self._worker: Worker | None = None
-        self._loaded: OrderedDict[str, set[tuple[int, str]]] = OrderedDict()
-        self._worker_starts = -1
+        super().__init__(seed, cache_tasks)
         self.restarts_after_errors = 0
 
-    @property
-    def worker(self) -> Worker:
-        if self._worker is None:
-            self._worker = Worker(run_worker.main, (self.cupy_module,), "kiln-cuda-runner")
-        return self._worker
+    def _new_worker(self) -> Worker:
+        return Worker(run_worker.main, (self.cupy_module,), "kiln-cuda-runner")
 
-    def _task(self, task: Any) -> TaskData:
-        key = task.workload_key
-        data = self._data.pop(key, None)
-        if data is None:
-            try:
-                data = task_data(task, self.seed)
-            except Exception as exc:
-                data = exc
-        self._data[key] = data
-        while len(self._data) > self.cache_tasks:
-            self._data.popitem(last=False)
-        if isinstance(data, Exception):
-            raise data
-        return data
-
-    def _ensure_loaded(self, data: TaskData, layouts: dict[int, tuple[str, np.ndarray]]) -> None:
-        w = self.worker
-        w.ensure()
-        if w.restarts != self._worker_starts:
-            self._loaded.clear()
-            self._worker_starts = w.restarts
-        if data.key in self._loaded:
-            self._loaded.move_to_end(data.key)
-        else:
-            while len(self._loaded) >= self.cache_tasks:
-                old, _ = self._loaded.popitem(last=False)
-                _reply(w.call(("drop", old), 60.0))
-            _reply(w.call(("task", data.key, data.inputs, data.refs, data.out_names, data.in_names), 120.0))
-            self._loaded[data.key] = set()
-        held = self._loaded[data.key]
-        for pos, (layout_key, array) in layouts.items():
-            if (pos, layout_key) not in held:
-                _reply(w.call(("layout", data.key, pos, layout_key, array), 120.0))
-                held.add((pos, layout_key))
+    def _call(self, request: tuple[Any, ...], timeout: float) -> Any:
+        reply = self.worker.call(request, timeout)
+        if isinstance(reply, tuple) and reply and reply[0] == "error":
+            raise RuntimeError(f"runner worker error: {reply[1]}")
+        return reply
 
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[RunResult]:
         return [self._run_one(inp, b) for inp, b in zip(inputs, builds)]
@@ -173,17 +133,4 @@ class LocalRunner(Runner):
             self.restarts_after_errors += 1
         return result(Status(status), error, lat)
 
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-        self._loaded.clear()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-def _reply(reply: Any) -> Any:
-    if isinstance(reply, tuple) and reply and reply[0] == "error":
-        raise RuntimeError(f"runner worker error: {reply[1]}")
-    return reply
