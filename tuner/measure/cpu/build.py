@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,13 +34,14 @@ from compiler.backends.cpu import gcc
 from compiler.errors import CompileError, ScheduleError
 from compiler.fusion import group_from_workload
 from db.status import Status
-from tuner.measure import Builder, BuildResult, MeasureInput
+from tuner.measure import BuildResult, MeasureInput
 from tuner.measure.pool import WorkerPool, serve
+from tuner.measure.pool_builder import PoolBuilder, task_id
 
 Codegen = Callable[[Sequence[Any], Any], str]  # (lowered PrimFuncs, target) -> C source
 
 
-class LocalBuilder(Builder):
+class LocalBuilder(PoolBuilder):
     """Builds CPU candidates with gcc in ``workers`` processes (default: one per available core).
 
     A batch is cut into at least ``chunks_per_worker`` chunks per worker (smaller chunks balance the
@@ -64,9 +63,7 @@ class LocalBuilder(Builder):
         self.max_batch = max(1, int(max_batch))
         self.chunks_per_worker = max(1, int(chunks_per_worker))
         self.codegen = codegen
-        self._own_dir = work_dir is None
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="kiln-build-"))
-        self._pool: WorkerPool | None = None
+        super().__init__(work_dir, "kiln-build-")
         self._batches = 0
 
     # ------------------------------------------------------------------ parent side
@@ -139,7 +136,7 @@ class LocalBuilder(Builder):
             items = []
             for i in chunk:
                 task = inputs[i].task
-                tid = _task_id(task)
+                tid = task_id(task)
                 if tid not in tasks:
                     tasks[tid] = (task.group.canonical(), task.sketch, task.target)
                 items.append((i, tid, inputs[i].config))
@@ -160,23 +157,6 @@ class LocalBuilder(Builder):
             for p in (Path(path), Path(path).with_suffix(".c")):
                 with contextlib.suppress(OSError):
                     p.unlink()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self._own_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-def _task_id(task: Any) -> str:
-    s = task.sketch
-    cls = f"{type(s).__module__}.{type(s).__qualname__}"
-    return f"{task.workload_key}/{cls}/{s.name}/{s.version}/{task.target.key}"
 
 
 # ---------------------------------------------------------------------- worker side

@@ -113,7 +113,6 @@ class LocalRunner(WorkerRunner):
         return result(Status(status), error, lat)
 
 
-
 def _signature_problem(build: BuildResult, data: TaskData, relaid: dict[int, np.ndarray]) -> str | None:
     params = build.info.get("params")
     if params is not None and len(params) > MAX_ARGS:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +30,10 @@ from compiler.backends import get_backend
 from compiler.errors import CompileError, ScheduleError
 from compiler.fusion import group_from_workload
 from db.status import Status
-from tuner.measure import Builder, BuildResult, MeasureInput
+from tuner.measure import BuildResult, MeasureInput
 from tuner.measure.cuda.device import require, use_cupy_module
 from tuner.measure.pool import WorkerPool, serve
+from tuner.measure.pool_builder import PoolBuilder, task_id
 from tuner.space import config_json
 
 ATTRIBUTES = (
@@ -52,7 +51,7 @@ def kernel_name(inp: MeasureInput) -> str:
     return f"cand_{digest}"
 
 
-class LocalBuilder(Builder):
+class LocalBuilder(PoolBuilder):
     """Builds CUDA candidates with NVRTC in ``workers`` processes (default: up to 4, one per core).
 
     ``timeout_s`` bounds one candidate's scheduling, code generation and compilation. ``cupy_module`` names
@@ -71,9 +70,7 @@ class LocalBuilder(Builder):
         self.workers = workers or min(4, len(os.sched_getaffinity(0)))
         self.timeout_s = float(timeout_s)
         self.cupy_module = cupy_module
-        self._own_dir = work_dir is None
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="kiln-cuda-build-"))
-        self._pool: WorkerPool | None = None
+        super().__init__(work_dir, "kiln-cuda-build-")
 
     def build(self, inputs: Sequence[MeasureInput]) -> list[BuildResult]:
         results: list[BuildResult | None] = [None] * len(inputs)
@@ -119,7 +116,7 @@ class LocalBuilder(Builder):
         def prepare(w: int, i: int) -> dict[str, Any]:
             task = inputs[i].task
             return {
-                "task_id": _task_id(task),
+                "task_id": task_id(task),
                 "task": (task.group.canonical(), task.sketch, task.target),
                 "config": inputs[i].config,
                 "name": kernel_name(inputs[i]),
@@ -133,23 +130,6 @@ class LocalBuilder(Builder):
             if r.artifact:
                 with contextlib.suppress(OSError):
                     Path(r.artifact).unlink()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self._own_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-def _task_id(task: Any) -> str:
-    s = task.sketch
-    cls = f"{type(s).__module__}.{type(s).__qualname__}"
-    return f"{task.workload_key}/{cls}/{s.name}/{s.version}/{task.target.key}"
 
 
 # ---------------------------------------------------------------------- worker side

@@ -132,5 +132,3 @@ class LocalRunner(WorkerRunner):
             self.worker.kill()  # the CUDA context may be poisoned: the next candidate gets a fresh one
             self.restarts_after_errors += 1
         return result(Status(status), error, lat)
-
-
