@@ -2,30 +2,40 @@
 inputs and reference outputs, so a task's data is computed once in the parent (cached, least recently
 used first out) and shipped to the worker once per worker life, with the re-laid-out inputs (packed
 weights) a candidate asks for. Each backend's runner (``tuner.measure.<kind>.run``) says how its worker
-starts and how it verifies and times one candidate."""
+starts, which builds it can run, the request that verifies and times one candidate, and what the
+worker's reply means; the checks before (task data, input layouts, the kernel's signature, loading the task)
+and the statuses of a hung or crashed worker are the same for every backend."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import abstractmethod
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tuner.measure import Runner
+from db.status import Status
+from tuner.measure import BuildResult, MeasureInput, Runner, RunResult
 from tuner.measure.check import TaskData, task_data
-from tuner.measure.pool import Worker
+from tuner.measure.pool import Worker, WorkerDied, WorkerTimeout
 
 
 class WorkerRunner(Runner):
     """A :class:`~tuner.measure.Runner` over one worker process holding up to ``cache_tasks`` tasks.
 
-    Subclasses give ``_new_worker()`` and may override ``_call`` (e.g. to turn a worker's error reply into
-    an exception). Worker messages: ``("task", key, inputs, refs, out_names, in_names)``, ``("drop", key)``,
-    ``("layout", key, position, layout_key, array)``."""
+    Subclasses set ``kind`` (the target kind they run) and give ``_new_worker()``, ``_runnable(build)``,
+    ``_signature_problem(build, data, relaid)``, ``_request(task, build, data, layout_keys)`` and
+    ``_interpret(reply) -> (status, error, latencies)``; they may override ``_call`` (e.g. to turn a worker's
+    error reply into an exception). Worker messages: ``("task", key, inputs, refs, out_names, in_names)``,
+    ``("drop", key)``, ``("layout", key, position, layout_key, array)`` and the subclass's run request."""
 
-    def __init__(self, seed: int = 0, cache_tasks: int = 16) -> None:
+    kind: str = ""
+
+    def __init__(self, timeout_s: float, seed: int = 0, cache_tasks: int = 16) -> None:
+        self.timeout_s = float(timeout_s)
         self.seed = seed
         self.cache_tasks = cache_tasks
         self._data: OrderedDict[str, TaskData | Exception] = OrderedDict()
@@ -35,6 +45,69 @@ class WorkerRunner(Runner):
 
     @abstractmethod
     def _new_worker(self) -> Worker: ...
+
+    @abstractmethod
+    def _runnable(self, build: BuildResult) -> bool:
+        """Whether an ``ok`` build carries what this runner needs (entry point, kernels)."""
+
+    @abstractmethod
+    def _signature_problem(
+        self, build: BuildResult, data: TaskData, relaid: dict[int, np.ndarray]
+    ) -> str | None:
+        """Why the built kernel cannot take the task's arrays (None when it can)."""
+
+    @abstractmethod
+    def _request(self, task: Any, build: BuildResult, data: TaskData, keys: dict[int, str]) -> tuple:
+        """The worker request that verifies and times one candidate."""
+
+    @abstractmethod
+    def _interpret(self, reply: Any) -> tuple[Status, str, list[float] | None]:
+        """(status, error, latencies in us) of the worker's reply to a run request."""
+
+    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[RunResult]:
+        return [self._run_one(inp, b) for inp, b in zip(inputs, builds)]
+
+    def _run_one(self, inp: MeasureInput, build: BuildResult) -> RunResult:
+        t0 = time.perf_counter()
+
+        def result(status: Status, error: str, lat: list[float] | None = None) -> RunResult:
+            return RunResult(status, lat, error, time.perf_counter() - t0)
+
+        task = inp.task
+        if task.target.kind != self.kind:
+            return result(
+                Status.RUNTIME_ERROR,
+                f"the {self.kind} LocalRunner runs {self.kind} kernels, not {task.target.kind}",
+            )
+        if build.status != Status.OK or not build.artifact or not self._runnable(build):
+            return result(Status.RUNTIME_ERROR, f"nothing to run (build {build.status}: {build.error})")
+        try:
+            data = self._task(task)
+        except Exception as exc:
+            return result(Status.RUNTIME_ERROR, f"the numpy reference of the group failed: {exc}")
+        try:
+            layouts = {
+                int(p): data.relayout(int(p), s) for p, s in build.info.get("input_layouts", {}).items()
+            }
+        except Exception as exc:
+            return result(Status.RUNTIME_ERROR, f"cannot lay out the kernel's inputs as it asks: {exc}")
+        problem = self._signature_problem(build, data, {p: a for p, (_, a) in layouts.items()})
+        if problem:
+            return result(Status.RUNTIME_ERROR, problem)
+        try:
+            self._ensure_loaded(data, layouts)
+        except (WorkerDied, WorkerTimeout, RuntimeError) as exc:
+            self.worker.kill()
+            return result(Status.RUNTIME_ERROR, f"the runner worker failed to load the task: {exc}")
+        keys = {p: k for p, (k, _) in layouts.items()}
+        try:
+            reply = self.worker.call(self._request(task, build, data, keys), self.timeout_s)
+        except WorkerTimeout:
+            return result(Status.TIMEOUT, f"did not finish within {self.timeout_s:g} s (worker killed)")
+        except WorkerDied as exc:
+            return result(Status.RUNTIME_ERROR, f"the kernel crashed the runner worker ({exc})")
+        status, error, lat = self._interpret(reply)
+        return result(status, error, lat)
 
     @property
     def worker(self) -> Worker:

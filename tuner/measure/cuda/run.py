@@ -21,16 +21,16 @@ each sample (twice the target's L2 size) so a kernel is not timed on data left i
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from db.status import Status
-from tuner.measure import BuildResult, MeasureInput, RunResult
-from tuner.measure.check import signature_problem
+from tuner.measure import BuildResult
+from tuner.measure.check import TaskData, signature_problem
 from tuner.measure.cuda import run_worker
 from tuner.measure.cuda.device import require
-from tuner.measure.pool import Worker, WorkerDied, WorkerTimeout
+from tuner.measure.pool import Worker
 from tuner.measure.worker_runner import WorkerRunner
 
 
@@ -39,6 +39,8 @@ class LocalRunner(WorkerRunner):
 
     ``cupy_module`` names a module the worker imports as ``cupy`` (the tests' simulated CuPy); without it,
     CuPy and a GPU must be there (a one-line CudaUnavailable at creation when they are not)."""
+
+    kind = "cuda"
 
     def __init__(
         self,
@@ -55,7 +57,6 @@ class LocalRunner(WorkerRunner):
         if repeats < 1:
             raise ValueError("need repeats >= 1")
         require("measuring CUDA candidates", cupy_module, gpu=True)
-        self.timeout_s = float(timeout_s)
         self.settings = {
             "repeats": int(repeats),
             "sample_ms": float(sample_ms),
@@ -64,7 +65,7 @@ class LocalRunner(WorkerRunner):
         }
         self.flush_intensity = float(flush_intensity)
         self.cupy_module = cupy_module
-        super().__init__(seed, cache_tasks)
+        super().__init__(timeout_s, seed, cache_tasks)
         self.restarts_after_errors = 0
 
     def _new_worker(self) -> Worker:
@@ -76,59 +77,29 @@ class LocalRunner(WorkerRunner):
             raise RuntimeError(f"runner worker error: {reply[1]}")
         return reply
 
-    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[RunResult]:
-        return [self._run_one(inp, b) for inp, b in zip(inputs, builds)]
+    def _runnable(self, build: BuildResult) -> bool:
+        return bool(build.info.get("kernels"))
 
-    def _run_one(self, inp: MeasureInput, build: BuildResult) -> RunResult:
-        t0 = time.perf_counter()
+    def _signature_problem(
+        self, build: BuildResult, data: TaskData, relaid: dict[int, np.ndarray]
+    ) -> str | None:
+        return signature_problem(build.info, data, relaid)
 
-        def result(status: Status, error: str, lat: list[float] | None = None) -> RunResult:
-            return RunResult(status, lat, error, time.perf_counter() - t0)
-
-        task = inp.task
-        if task.target.kind != "cuda":
-            return result(
-                Status.RUNTIME_ERROR, f"the CUDA LocalRunner runs cuda kernels, not {task.target.kind}"
-            )
-        kernels = build.info.get("kernels")
-        if build.status != Status.OK or not build.artifact or not kernels:
-            return result(Status.RUNTIME_ERROR, f"nothing to run (build {build.status}: {build.error})")
-        try:
-            data = self._task(task)
-        except Exception as exc:
-            return result(Status.RUNTIME_ERROR, f"the numpy reference of the group failed: {exc}")
-        try:
-            layouts = {
-                int(p): data.relayout(int(p), s) for p, s in build.info.get("input_layouts", {}).items()
-            }
-        except Exception as exc:
-            return result(Status.RUNTIME_ERROR, f"cannot lay out the kernel's inputs as it asks: {exc}")
-        problem = signature_problem(build.info, data, {p: a for p, (_, a) in layouts.items()})
-        if problem:
-            return result(Status.RUNTIME_ERROR, problem)
-        try:
-            self._ensure_loaded(data, layouts)
-        except (WorkerDied, WorkerTimeout, RuntimeError) as exc:
-            self.worker.kill()
-            return result(Status.RUNTIME_ERROR, f"the runner worker failed to load the task: {exc}")
+    def _request(self, task: Any, build: BuildResult, data: TaskData, keys: dict[int, str]) -> tuple:
         settings = dict(self.settings)
         intensity = float(task.flops) / max(float(task.bytes), 1.0)
         settings["flush_bytes"] = (
             2 * int(task.target.l2_bytes or 0) if intensity < self.flush_intensity else 0
         )
-        keys = {p: k for p, (k, _) in layouts.items()}
-        request = ("run", data.key, build.artifact, build.info.get("arch", "sm_90"), kernels, keys, settings)
-        try:
-            reply = self.worker.call(request, self.timeout_s)
-        except WorkerTimeout:
-            return result(Status.TIMEOUT, f"did not finish within {self.timeout_s:g} s (worker killed)")
-        except WorkerDied as exc:
-            return result(Status.RUNTIME_ERROR, f"the kernel crashed the runner worker ({exc})")
+        arch = build.info.get("arch", "sm_90")
+        return ("run", data.key, build.artifact, arch, build.info["kernels"], keys, settings)
+
+    def _interpret(self, reply: Any) -> tuple[Status, str, list[float] | None]:
         if reply[0] == "error":
             self.worker.kill()
-            return result(Status.RUNTIME_ERROR, f"runner worker error:\n{reply[1]}")
+            return Status.RUNTIME_ERROR, f"runner worker error:\n{reply[1]}", None
         status, lat, error, extra = reply
         if extra.get("restart"):
             self.worker.kill()  # the CUDA context may be poisoned: the next candidate gets a fresh one
             self.restarts_after_errors += 1
-        return result(Status(status), error, lat)
+        return Status(status), error, lat
