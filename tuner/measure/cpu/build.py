@@ -49,6 +49,8 @@ class LocalBuilder(PoolBuilder):
     chunks hold at most ``max_batch`` kernels. ``codegen`` replaces the cpu backend's ``codegen`` (a
     picklable module-level function ``(funcs, target) -> C source``; tests use it to inject invalid C)."""
 
+    kind = "cpu"
+
     def __init__(
         self,
         workers: int | None = None,
@@ -67,30 +69,8 @@ class LocalBuilder(PoolBuilder):
         self._batches = 0
 
     # ------------------------------------------------------------------ parent side
-    def build(self, inputs: Sequence[MeasureInput]) -> list[BuildResult]:
-        results: list[BuildResult | None] = [None] * len(inputs)
-        valid: list[int] = []
-        for i, inp in enumerate(inputs):
-            t0 = time.perf_counter()
-            if inp.task.target.kind != "cpu":
-                results[i] = BuildResult(
-                    Status.COMPILE_ERROR,
-                    f"LocalBuilder compiles C for cpu targets, not {inp.task.target.kind}",
-                )
-                continue
-            try:
-                inp.task.check(inp.config)
-            except Exception as exc:  # ScheduleError, or a config that is not even a dict
-                results[i] = BuildResult(Status.INVALID_CONFIG, str(exc), seconds=time.perf_counter() - t0)
-                continue
-            valid.append(i)
-        if valid:
-            self._batches += 1
-            for i, r in self._compile(inputs, valid).items():
-                results[i] = r
-        return [r if r is not None else BuildResult(Status.COMPILE_ERROR, "not built") for r in results]
-
     def _compile(self, inputs: Sequence[MeasureInput], valid: list[int]) -> dict[int, BuildResult]:
+        self._batches += 1
         n_chunks = max(
             min(self.workers * self.chunks_per_worker, len(valid)), -(-len(valid) // self.max_batch)
         )

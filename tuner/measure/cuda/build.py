@@ -34,7 +34,6 @@ from tuner.measure import BuildResult, MeasureInput
 from tuner.measure.cuda.device import require, use_cupy_module
 from tuner.measure.pool import WorkerPool, serve
 from tuner.measure.pool_builder import PoolBuilder, task_id
-from tuner.space import config_json
 
 ATTRIBUTES = (
     "num_regs",
@@ -59,6 +58,8 @@ class LocalBuilder(PoolBuilder):
     installed and a GPU visible (a one-line CudaUnavailable when they are not: compiling for the current
     device and reading the kernels' attributes need it)."""
 
+    kind = "cuda"
+
     def __init__(
         self,
         workers: int | None = None,
@@ -72,28 +73,10 @@ class LocalBuilder(PoolBuilder):
         self.cupy_module = cupy_module
         super().__init__(work_dir, "kiln-cuda-build-")
 
-    def build(self, inputs: Sequence[MeasureInput]) -> list[BuildResult]:
-        results: list[BuildResult | None] = [None] * len(inputs)
-        valid: list[int] = []
-        for i, inp in enumerate(inputs):
-            t0 = time.perf_counter()
-            if inp.task.target.kind != "cuda":
-                results[i] = BuildResult(
-                    Status.COMPILE_ERROR,
-                    f"the CUDA LocalBuilder builds cuda targets, not {inp.task.target.kind}",
-                )
-                continue
-            try:
-                inp.task.check(inp.config)
-                config_json(inp.config)
-            except Exception as exc:  # ScheduleError, or a config that is not even a dict
-                results[i] = BuildResult(Status.INVALID_CONFIG, str(exc), seconds=time.perf_counter() - t0)
-                continue
-            valid.append(i)
-        if valid:
-            for i, (kind, reply) in zip(valid, self._run_jobs(inputs, valid)):
-                results[i] = self._result(kind, reply)
-        return [r if r is not None else BuildResult(Status.COMPILE_ERROR, "not built") for r in results]
+    def _compile(self, inputs: Sequence[MeasureInput], valid: list[int]) -> dict[int, BuildResult]:
+        return {
+            i: self._result(kind, reply) for i, (kind, reply) in zip(valid, self._run_jobs(inputs, valid))
+        }
 
     def _result(self, kind: str, reply: Any) -> BuildResult:
         if kind == "ok" and isinstance(reply, tuple) and reply and reply[0] == "built":
