@@ -15,6 +15,7 @@ from torch.nn import functional as F  # noqa: E402
 
 from compiler.frontend.torch import kiln_backend  # noqa: E402
 from compiler.frontend.torch_fx import unsupported_reason  # noqa: E402
+from tests.tuner.torch_models import GPTBlock, SwiGLU  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group(name="torch_backend")
 
@@ -25,39 +26,6 @@ def fresh_dynamo():
     each test starts from an empty cache, so none runs in eager for having hit that limit."""
     torch._dynamo.reset()
     yield
-
-
-class GPTBlock(nn.Module):
-    """A pre-LN GPT block: causal scaled-dot-product attention and a GELU MLP."""
-
-    def __init__(self, d: int = 32, heads: int = 4) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class SwiGLU(nn.Module):
-    """RMSNorm followed by a SwiGLU feed-forward, with the residual."""
-
-    def __init__(self, d: int = 32, hidden: int = 64) -> None:
-        super().__init__()
-        self.norm = nn.RMSNorm(d, eps=1e-6)
-        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.norm(x)
-        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
 
 class WithCumsum(nn.Module):
