@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,3 +70,27 @@ def kiln_process(
 def kiln_command(*args: str) -> list[str]:
     """The argv of ``python -m tuner.cli ARGS``, for tests that start the process themselves."""
     return [sys.executable, "-m", "tuner.cli", *args]
+
+
+def kill_after_records(path: Path, *args: str, records: int = 8, limit_s: float = 120.0) -> int:
+    """Run ``kiln ARGS`` as a real process writing the SQLite database at ``path``, SIGKILL its whole
+    process group once ``records`` records are stored (or the process ended, or ``limit_s`` passed), and
+    return how many records the database holds after the kill."""
+    proc = subprocess.Popen(
+        kiln_command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            with contextlib.suppress(sqlite3.Error), sqlite3.connect(path) as c:
+                if c.execute("select count(*) from kiln_records").fetchone()[0] >= records:
+                    break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with sqlite3.connect(path) as c:
+        return c.execute("select count(*) from kiln_records").fetchone()[0]

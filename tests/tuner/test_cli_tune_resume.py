@@ -6,17 +6,13 @@ database. Measurements are simulated (tuner.measure.sim), so no compiler or timi
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
-import subprocess
-import time
 import zlib
 
 import pytest
 
 from db.database import TuningDatabase
-from tests.cli import kiln, kiln_command
+from tests.cli import kill_after_records, kiln
 from tuner.api import tune
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
@@ -238,26 +234,7 @@ def test_a_killed_kiln_tune_is_finished_by_the_same_command(tmp_path) -> None:
         f"sqlite:///{path}",
         "--no-summary",
     )
-    proc = subprocess.Popen(
-        kiln_command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            try:
-                with sqlite3.connect(path) as c:
-                    if c.execute("select count(*) from kiln_records").fetchone()[0] >= 8:
-                        break
-            except sqlite3.Error:
-                pass
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    with sqlite3.connect(path) as c:
-        before = c.execute("select count(*) from kiln_records").fetchone()[0]
+    before = kill_after_records(path, *args)
     assert 8 <= before < 40
     out = kiln(*args)
     assert out.returncode == 0, out.stderr

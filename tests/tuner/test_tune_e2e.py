@@ -5,11 +5,7 @@ process through tests/cli.py."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
-import subprocess
-import time
 import warnings
 
 import numpy as np
@@ -20,7 +16,7 @@ from compiler.reference import random_inputs, run_reference
 from compiler.target import Target
 from db.database import RecordIn, TuningDatabase
 from db.status import Status
-from tests.cli import kiln, kiln_command
+from tests.cli import kill_after_records, kiln
 from tuner.api import compile as kiln_compile
 from tuner.task import extract_tasks
 
@@ -108,29 +104,9 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
 def test_kill_9_mid_run_leaves_a_consistent_database(tmp_path):
     path = tmp_path / "k.db"
     url = f"sqlite:///{path}"
-    proc = subprocess.Popen(  # a real process, killed with SIGKILL in the middle of the run
-        kiln_command(
-            "tune", "--model", "layernorm", "--trials", "400", "--batch", "4", "--db", url, "--no-summary"
-        ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            try:
-                with sqlite3.connect(path) as c:
-                    if c.execute("select count(*) from kiln_records").fetchone()[0] >= 8:
-                        break
-            except sqlite3.Error:
-                pass
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # a real process, killed with SIGKILL in the middle of the run
+    args = ("tune", "--model", "layernorm", "--trials", "400", "--batch", "4", "--db", url, "--no-summary")
+    kill_after_records(path, *args)
     with sqlite3.connect(path) as c:
         assert c.execute("pragma integrity_check").fetchone()[0] == "ok"
         before = c.execute("select count(*) from kiln_records").fetchone()[0]
