@@ -1,8 +1,13 @@
 """Compilation targets and their stable keys.
 
-A target key names the kind, architecture and device, e.g. ``cpu/x86_64/AMD EPYC/2`` (model name and
-cores available to this process) or ``cuda/sm_90/NVIDIA H100 80GB HBM3``. Records measured on one target
-are never applied to another.
+A target key names the kind, architecture, device and what changes the generated code: for a CPU
+``cpu/<arch>/<model name>/<ISA level>/<cores>``, e.g. ``cpu/x86_64/AMD EPYC 9B14/avx512/2`` (the ISA
+level is ``avx512``, ``avx2`` or ``sse`` on x86_64, ``neon`` on aarch64: the widest vectors the code may
+use); for a GPU ``cuda/<compute capability>/<device name>``, e.g. ``cuda/sm_90/NVIDIA H100 80GB HBM3``.
+Records measured on one target are never applied to another, so records tuned on an AVX-512 machine never
+reach an AVX2 one. Keys of
+older Kilns (``cpu/<arch>/<model name>/<cores>``, without the ISA level) still parse, as a 16-byte-vector
+target that matches no host.
 
 ``Target.host()`` describes the CPU this process runs on, parsed from ``/proc/cpuinfo`` by the pure
 function ``Target.from_cpuinfo`` (x86: ``flags`` and ``model name``; aarch64: ``Features`` and the
@@ -16,8 +21,8 @@ AVX-512 machine can run everything (the tests included) as an AVX2 machine would
 * aarch64: ``neon`` (16-byte vectors, the only level).
 
 It never widens: asking for an ISA the CPU lacks is a KilnError naming the variable and the CPU's
-features. A narrowed host has its own key (the ISA is appended to the device name, e.g.
-``cpu/x86_64/AMD EPYC 9B14 [avx2]/2``), so its records never mix with the full host's, and
+features. A narrowed host has its own key (its ISA level, e.g. ``cpu/x86_64/AMD EPYC 9B14/avx2/2``), so its
+records never mix with the full host's, and
 ``Target.cflags()`` adds the gcc flags that keep ``-march=native`` code within that ISA
 (``-mno-avx512f``, ``-mno-avx``). Asking for the CPU's own level changes nothing.
 """
@@ -53,9 +58,21 @@ class Target:
 
     @property
     def key(self) -> str:
+        """The stable identity records are stored under (see the module docstring)."""
         if self.kind == "cpu":
-            return f"cpu/{self.arch}/{self.device}/{self.cores}"
+            return f"cpu/{self.arch}/{self.device}/{self.isa}/{self.cores}"
         return f"{self.kind}/{self.arch}/{self.device}"
+
+    @property
+    def isa(self) -> str:
+        """A CPU's ISA level, named by the widest vectors its code may use (``avx512``, ``avx2``, ``sse``,
+        ``neon``; ``v<bits>`` for a width with no name); empty for other kinds."""
+        if self.kind != "cpu":
+            return ""
+        for name, width in ISA_LEVELS.get(self.arch, {}).items():
+            if width == self.vector_bytes:
+                return name
+        return f"v{self.vector_bytes * 8}"
 
     @property
     def vector_lanes_f32(self) -> int:
@@ -105,12 +122,12 @@ class Target:
             flags = set(info.get("Features", "").split())
             if flags & {"asimd", "neon"}:
                 flags.add("neon")
-            levels = {"neon": 16}
+            levels = ISA_LEVELS["aarch64"]
             native = "neon"
             device = info.get("model name") or _arm_cpu_name(info)
         else:
             flags = set(info.get("flags", "").split())
-            levels = {"sse": 16, "avx2": 32, "avx512": 64}
+            levels = ISA_LEVELS["x86_64"]
             native = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
             device = info.get("model name") or "unknown cpu"
         features = [f for f in _FEATURES if f in flags]
@@ -132,7 +149,6 @@ class Target:
                 dropped = _ABOVE[level]
                 features = [f for f in features if f not in dropped]
                 isa_flags = ("-mno-avx",) if level == "sse" else ("-mno-avx512f",)
-                device = f"{device} [{level}]"
         return Target(
             kind="cpu",
             arch=arch,
@@ -175,11 +191,16 @@ class Target:
 
             return current_cuda_target()
         parts = spec.split("/")
-        if parts[0] == "cpu" and len(parts) == 4:
+        if parts[0] == "cpu" and len(parts) >= 4 and parts[-1].isdigit():
             host = Target.host()
             if spec == host.key:
                 return host
-            return Target("cpu", parts[1], parts[2], int(parts[3]))
+            levels = ISA_LEVELS.get(parts[1], {})
+            if len(parts) >= 5 and parts[-2] in levels:  # cpu/<arch>/<model name>/<isa>/<cores>
+                device, width = "/".join(parts[2:-2]), levels[parts[-2]]
+            else:  # an older key without the ISA level
+                device, width = "/".join(parts[2:-1]), 16
+            return Target("cpu", parts[1], device, int(parts[-1]), vector_bytes=width)
         if parts[0] == "cuda" and len(parts) == 3:
             return Target.cuda(parts[1], parts[2])
         raise KilnError(
@@ -207,6 +228,11 @@ def _arm_cpu_name(info: dict[str, str]) -> str:
 
 
 HOST_ISA_ENV = "KILN_HOST_ISA"
+# ISA levels of each CPU architecture -> vector bytes (the level named in a CPU target key)
+ISA_LEVELS: dict[str, dict[str, int]] = {
+    "x86_64": {"sse": 16, "avx2": 32, "avx512": 64},
+    "aarch64": {"neon": 16},
+}
 _FEATURES = (
     "avx512f", "avx512bw", "avx512vl", "avx2", "fma", "avx512_bf16", "avx512_fp16",
     "neon", "asimdhp", "asimddp", "sve", "sve2",

@@ -12,6 +12,7 @@ import pytest
 
 from compiler.errors import KilnError
 from compiler.target import HOST_ISA_ENV, Target
+from tests.targets import PINNED_TARGETS
 
 X86_COMMON = (
     "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht "
@@ -68,7 +69,7 @@ def test_avx512_x86():
     assert (t.kind, t.arch, t.device, t.cores) == ("cpu", "x86_64", "AMD EPYC 9654 96-Core Processor", 4)
     assert t.vector_bytes == 64 and t.vector_lanes_f32 == 16
     assert t.features == ("avx512f", "avx512bw", "avx512vl", "avx2", "fma", "avx512_bf16")
-    assert t.key == "cpu/x86_64/AMD EPYC 9654 96-Core Processor/4"
+    assert t.key == "cpu/x86_64/AMD EPYC 9654 96-Core Processor/avx512/4"
     assert t.cflags() == ("-march=native",)
 
 
@@ -77,6 +78,7 @@ def test_avx2_x86():
     assert t.device == "Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz"
     assert t.vector_bytes == 32 and t.vector_lanes_f32 == 8
     assert t.features == ("avx2", "fma")
+    assert t.key == "cpu/x86_64/Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz/avx2/2"
     assert t.cflags() == ("-march=native",)
 
 
@@ -89,7 +91,7 @@ def test_aarch64_reads_features_and_names_the_cpu_from_its_ids():
     t = Target.from_cpuinfo(AARCH64_CPUINFO, "aarch64", cores=2)
     assert (t.arch, t.device, t.vector_bytes) == ("aarch64", "ARM Neoverse-N1", 16)
     assert "neon" in t.features and "asimddp" in t.features and "avx2" not in t.features
-    assert t.key == "cpu/aarch64/ARM Neoverse-N1/2"
+    assert t.key == "cpu/aarch64/ARM Neoverse-N1/neon/2"
     assert t.cflags() == ("-march=native",)
 
 
@@ -113,7 +115,8 @@ def test_narrowing_reports_less_builds_for_less_and_changes_the_key(text, isa, v
     t = Target.from_cpuinfo(text, "x86_64", cores=2, isa=isa)
     assert t.vector_bytes == vector_bytes and t.features == features
     assert t.cflags() == ("-march=native", *flags)
-    assert t.key != full.key and t.key == f"cpu/x86_64/{full.device} [{isa}]/2"
+    assert t.device == full.device
+    assert t.key != full.key and t.key == f"cpu/x86_64/{full.device}/{isa}/2"
     assert Target.from_json(t.to_json()) == t
 
 
@@ -141,6 +144,27 @@ def test_asking_for_more_than_the_cpu_has_is_a_clear_error():
 def test_the_host_key_parses_back_to_the_host():
     host = Target.host()
     assert Target.parse(host.key) is host and Target.parse("cpu") is host
+
+
+@pytest.mark.parametrize("pinned", list(PINNED_TARGETS.values()), ids=list(PINNED_TARGETS))
+def test_a_cpu_key_names_the_isa_level_and_parses_back(pinned):
+    (name,) = [k for k, v in PINNED_TARGETS.items() if v is pinned]
+    assert pinned.key.split("/")[-2] == pinned.isa == name
+    back = Target.parse(pinned.key)
+    assert (back.arch, back.device, back.cores, back.vector_bytes) == (
+        pinned.arch, pinned.device, pinned.cores, pinned.vector_bytes,
+    )  # fmt: skip
+
+
+def test_an_older_key_without_the_isa_level_still_parses_and_matches_no_host():
+    old = Target.parse("cpu/x86_64/AMD EPYC 9B14/2")
+    assert (old.device, old.cores, old.vector_bytes) == ("AMD EPYC 9B14", 2, 16)
+    assert old.key == "cpu/x86_64/AMD EPYC 9B14/sse/2" != Target.host().key
+
+
+def test_cuda_keys_name_the_compute_capability_and_the_device():
+    assert Target.cuda("sm_80", "NVIDIA A100-SXM4-40GB").key == "cuda/sm_80/NVIDIA A100-SXM4-40GB"
+    assert Target.cuda("sm_80", "NVIDIA A100-SXM4-40GB").isa == ""
 
 
 def test_cuda_targets_have_no_gcc_flags():
@@ -173,7 +197,7 @@ def test_the_environment_variable_narrows_the_host_and_the_code_gcc_generates(tm
     proc = subprocess.run([sys.executable, "-c", NARROW_SCRIPT], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    assert out["key"] != host.key and f"[{isa}]/" in out["key"] and out["vector_bytes"] == width
+    assert out["key"] != host.key and f"/{isa}/" in out["key"] and out["vector_bytes"] == width
     assert out["flags"][1:3] == ["-march=native", flag]
     if "Disassembly" in out["asm"]:  # objdump is there
         assert wider not in out["asm"] and "xmm" in out["asm"]
