@@ -2,8 +2,9 @@
 
 * ``manifest.json``: ``format`` (``kiln-<backend>-model``, which names the backend that loads it),
   ``format_version``, the model's name, target, kernels, buffers, launches, inputs, outputs, memory plan
-  and metadata, the name and sha256 of the source file, plus what the backend adds (the CPU: the host it
-  was built on and its shared object; CUDA: each kernel's grid and block);
+  and metadata, the name and sha256 of the source file, ``files_sha256`` (the sha256 of every other file:
+  the params and what the backend adds), plus what the backend adds (the CPU: the host it was built on and
+  its shared object; CUDA: each kernel's grid and block);
 * the generated source (``model.c``, ``model.cu``) and any file the backend adds (``model.so``);
 * ``params.npz``: the params, read back with ``allow_pickle=False`` (no pickle anywhere).
 
@@ -13,6 +14,12 @@ mode, ``0666`` less the process umask (what ``open()`` would give), not the temp
 This module reads and writes the files; :class:`~compiler.runtime.executor.CompiledModel` turns them into
 a model. A missing or damaged file is a :class:`~compiler.errors.KilnError` naming the file and the
 ``kiln compile`` command that rewrites the directory.
+
+Every file is checked against its sha256 in the manifest before anything reads or loads it, so a truncated,
+edited or foreign file (a ``model.so`` from another build, say) is that clear error, never a crash while
+loading it (``dlopen`` of a truncated library can end in SIGBUS) and never silently rebuilt: a damaged
+directory says so, and ``kiln compile`` rewrites it. Directories of format version 1 (no file hashes) are
+refused with the same hint.
 """
 
 from __future__ import annotations
@@ -32,13 +39,13 @@ import numpy as np
 from compiler.errors import KilnError
 from compiler.runtime.module_cache import replacing
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files_sha256 (every file hashed)
 MANIFEST = "manifest.json"
 PARAMS = "params.npz"
 # What read_model and CompiledModel.load need from a manifest.
 REQUIRED = (
     "name", "target", "kernels", "buffers", "launches", "inputs", "input_names", "outputs", "source",
-    "source_sha256", "params",
+    "source_sha256", "params", "files_sha256",
 )  # fmt: skip
 
 
@@ -109,10 +116,18 @@ def write_model(
     """Write a model of ``backend`` to ``directory`` (created if missing); returns the manifest's path.
 
     ``manifest`` holds the model's own fields; ``format``, ``format_version``, ``source``,
-    ``source_sha256`` and ``params`` are added here. ``files`` are extra files (name -> bytes).
+    ``source_sha256``, ``params`` and ``files_sha256`` are added here. ``files`` are extra files
+    (name -> bytes).
     """
     directory.mkdir(parents=True, exist_ok=True)
     data = source.encode()
+    _write(directory / source_name, data)
+    hashes = {}
+    for name, content in (files or {}).items():
+        _write(directory / name, content)
+        hashes[name] = hashlib.sha256(content).hexdigest()
+    _write(directory / PARAMS, params=params)
+    hashes[PARAMS] = hashlib.sha256((directory / PARAMS).read_bytes()).hexdigest()
     full = {
         **manifest,
         "format": format_name(backend),
@@ -120,11 +135,8 @@ def write_model(
         "source": source_name,
         "source_sha256": hashlib.sha256(data).hexdigest(),
         "params": PARAMS,
+        "files_sha256": hashes,
     }
-    _write(directory / source_name, data)
-    for name, content in (files or {}).items():
-        _write(directory / name, content)
-    _write(directory / PARAMS, params=params)
     path = directory / MANIFEST
     _write(path, json.dumps(full, indent=2, sort_keys=True).encode())
     return path
@@ -162,7 +174,7 @@ def read_model(directory: Path) -> SavedModel:
     if version != FORMAT_VERSION:
         raise KilnError(
             f"{path} has format version {version!r}; this Kiln reads version {FORMAT_VERSION}: "
-            "recompile the model"
+            f"{recompile_hint(directory, manifest)}"
         )
     hint = recompile_hint(directory, manifest)
     missing = [k for k in REQUIRED if k not in manifest]
@@ -177,6 +189,7 @@ def read_model(directory: Path) -> SavedModel:
         raise KilnError(f"cannot read {source_path}: {exc.strerror or exc}; {hint}") from None
     if hashlib.sha256(source).hexdigest() != manifest["source_sha256"]:
         raise KilnError(f"{source_path} does not match its manifest (edited or damaged); {hint}")
+    _check_files(directory, manifest, hint)
     params_path = directory / str(manifest["params"])
     try:
         with np.load(params_path, allow_pickle=False) as npz:
@@ -186,3 +199,24 @@ def read_model(directory: Path) -> SavedModel:
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise KilnError(f"{params_path} is damaged ({exc}); {hint}") from None
     return SavedModel(directory, m.group(1), manifest, source.decode(), params)
+
+
+def _check_files(directory: Path, manifest: Mapping[str, Any], hint: str) -> None:
+    """Every file named in ``files_sha256`` exists and has that sha256 (else a KilnError naming it)."""
+    hashes = manifest["files_sha256"]
+    if not isinstance(hashes, dict) or manifest["params"] not in hashes:
+        raise KilnError(f"{directory / MANIFEST} is damaged (files_sha256 does not hash the params); {hint}")
+    for name, expected in sorted(hashes.items()):
+        path = directory / str(name)
+        if Path(str(name)).name != name:
+            raise KilnError(f"{directory / MANIFEST} is damaged (file name {name!r} in files_sha256); {hint}")
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            raise KilnError(f"{path} is missing; {hint}") from None
+        except OSError as exc:
+            raise KilnError(f"cannot read {path}: {exc.strerror or exc}; {hint}") from None
+        if digest != expected:
+            raise KilnError(
+                f"{path} does not match its manifest (truncated, damaged or from another build); {hint}"
+            )

@@ -1,6 +1,7 @@
 """A compiled model directory with a missing or damaged file: loading it (``CompiledModel.load``, ``kiln
-run``) names the file and the ``kiln compile`` command that rewrites the directory; a damaged shared object
-is rebuilt from the source. Files are written with one mode (0666 less the umask)."""
+run``) names the file and the ``kiln compile`` command that rewrites the directory; a truncated or foreign
+shared object is such an error too (checked against its sha256 before it is loaded), never a crash or a
+silent rebuild. Files are written with one mode (0666 less the umask)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def test_missing_params(model_dir: Path) -> None:
 
 def test_damaged_params(model_dir: Path) -> None:
     (model_dir / "params.npz").write_bytes(b"PK\x03\x04 not really a zip")
-    _fails(model_dir, f"{model_dir / 'params.npz'} is damaged", "kiln compile --model softmax")
+    _fails(
+        model_dir, f"{model_dir / 'params.npz'} does not match its manifest", "kiln compile --model softmax"
+    )
 
 
 def test_missing_source(model_dir: Path) -> None:
@@ -101,9 +104,30 @@ def test_not_a_directory(tmp_path: Path) -> None:
         CompiledModel.load(tmp_path / "nothing")
 
 
-def test_truncated_shared_object_is_rebuilt_from_the_source(compiled: Path, model_dir: Path) -> None:
+def test_truncated_shared_object_is_a_clear_error(model_dir: Path) -> None:
     so = model_dir / "model.so"
     so.write_bytes(so.read_bytes()[:100])
+    _fails(model_dir, "model.so does not match its manifest")
+
+
+def test_foreign_shared_object_is_a_clear_error(model_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    assert kiln("compile", "--model", "mlp", "-o", str(other)).returncode == 0
+    shutil.copy(other / "model.so", model_dir / "model.so")
+    _fails(model_dir, "model.so does not match its manifest")
+
+
+def test_missing_shared_object_is_a_clear_error(model_dir: Path) -> None:
+    (model_dir / "model.so").unlink()
+    _fails(model_dir, "model.so is missing")
+
+
+def test_params_replaced_by_other_valid_params_are_refused(model_dir: Path) -> None:
+    np.savez(model_dir / "params.npz", p0=np.zeros(3, np.float32))
+    _fails(model_dir, "params.npz does not match its manifest")
+
+
+def test_an_intact_copy_loads_and_runs_like_the_original(compiled: Path, model_dir: Path) -> None:
     x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
     (expected,) = CompiledModel.load(compiled).run({"x": x})
     (got,) = CompiledModel.load(model_dir).run({"x": x})
