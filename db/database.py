@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, insert, or_, select
+from sqlalchemy import delete, insert, select
 
 from db import migrate
 from db.aux_tables import AuxTablesMixin
@@ -36,7 +36,7 @@ from db.canonical import (
     record_fingerprint,
     utc_now,
 )
-from db.core import BEST_ORDER, Validator, host, kiln_version
+from db.core import Validator, host, kiln_version
 from db.engine import display_url, ensure_wal, make_engine, resolve_url, translate_errors
 from db.errors import (
     ConflictError,
@@ -221,62 +221,59 @@ class TuningDatabase(QueryMixin, AuxTablesMixin):
         workload_key: str | None = None,
         target_key: str | None = None,
         status: Status | str | None = None,
+        skipped: list[str] | None = None,
     ) -> int:
         """Write the database (or the records matching the filters) as JSON Lines; return records written.
 
         See :mod:`db.exchange` for the format. A path is written atomically (temp file, then rename);
-        a ``.gz`` suffix compresses.
+        a ``.gz`` suffix compresses. Stored rows that are malformed are skipped; their reasons are
+        appended to ``skipped`` when given.
         """
         from db import exchange
 
         return exchange.export_jsonl(
-            self, dest, workload_key=workload_key, target_key=target_key, status=status
+            self, dest, workload_key=workload_key, target_key=target_key, status=status, skipped=skipped
         )
 
-    def import_jsonl(self, src: str | Path | IO[str]) -> ImportStats:
+    def import_jsonl(self, src: str | Path | IO[str], *, strict: bool = False) -> ImportStats:
         """Import a JSON Lines export in one transaction, skipping records already stored (duplicates).
 
-        A malformed line aborts the import (nothing is written) with an error naming the line.
+        A malformed line is skipped and reported in the stats (``skipped_bad``, ``problems`` naming the
+        line); with ``strict`` it aborts the import (nothing is written) with an error naming the line.
         """
         from db import importer
 
-        return importer.import_jsonl(self, src)
+        return importer.import_jsonl(self, src, strict=strict)
 
-    def merge_from(self, other_url: str) -> ImportStats:
+    def merge_from(self, other_url: str, *, strict: bool = False) -> ImportStats:
         """Copy every record (and workload, target, run, model task, fusion plan) of another database
-        into this one, skipping duplicates. The other database is opened read-only and not modified."""
+        into this one, skipping duplicates. The other database is opened read-only and not modified.
+        Malformed rows are skipped and reported as in :meth:`import_jsonl`."""
         from db import importer
 
-        return importer.merge_from(self, other_url)
+        return importer.merge_from(self, other_url, strict=strict)
 
-    def prune(self, keep_top_k: int, *, keep_errors: bool = True) -> int:
-        """Keep the ``keep_top_k`` best ok records per (workload, target); return how many were deleted.
+    def prune(self, keep_top_k: int, *, keep_errors: bool = True, validate: Validator | None = None) -> int:
+        """Keep the ``keep_top_k`` best *valid* ok records per (workload, target); return how many were
+        deleted. ``validate`` (the sketch's knob-space check, e.g. ``tuner.records.workload_validator``)
+        decides validity; records it rejects are never counted among the kept ones and never deleted (see
+        :meth:`prune_plan`, which says what would go without deleting anything).
 
         With ``keep_errors`` (the default) records that are not ok stay: they tell the tuner which configs
         are known to fail, so it does not measure them again. Cached features of deleted records go too.
         """
-        if keep_top_k < 1:
-            raise InvalidRecordError(
-                f"prune keeps at least 1 record per workload and target, not {keep_top_k}"
-            )
-        rank = func.row_number().over(
-            partition_by=(RecordRow.workload_id, RecordRow.target_id), order_by=BEST_ORDER
-        )
-        ranked = (
-            select(RecordRow.id.label("rid"), rank.label("rn")).where(RecordRow.status == "ok").subquery()
-        )
-        doomed_ok = select(ranked.c.rid).where(ranked.c.rn > keep_top_k)
-        condition = RecordRow.id.in_(doomed_ok)
-        if not keep_errors:
-            condition = or_(condition, RecordRow.status != "ok")
-        doomed = select(RecordRow.id).where(condition)
+        plan = self.prune_plan(keep_top_k, keep_errors=keep_errors, validate=validate)
+        return self.delete_records([r.id for r in plan.doomed])
+
+    def delete_records(self, ids: Sequence[int]) -> int:
+        """Delete these records (and their cached features) in one transaction; return how many went."""
+        deleted = 0
         with self._write("prune records") as conn:
-            ids = list(conn.execute(doomed).scalars())
             for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
+                chunk = list(ids[start : start + 500])
                 conn.execute(delete(FeatureRow).where(FeatureRow.record_id.in_(chunk)))
-                conn.execute(delete(RecordRow).where(RecordRow.id.in_(chunk)))
-        return len(ids)
+                deleted += conn.execute(delete(RecordRow).where(RecordRow.id.in_(chunk))).rowcount
+        return deleted
 
 
 def _ensure_wal_if_writable(engine: Engine, url: str) -> None:

@@ -28,8 +28,15 @@ Targets and workloads come before the records that name them. Import rules:
 - model tasks are added when (model, hash, workload) is not stored; fusion plans when no identical plan is;
 - cached cost-model features are not exported (they are recomputed from the records).
 
-Every line is parsed with ``json.loads`` and checked field by field; a malformed line aborts the import with
-its line number, and nothing is written (one transaction). This module writes exports; :mod:`db.importer`
+Every line is parsed with ``json.loads`` and checked field by field. A malformed line (not JSON, a missing
+or mistyped field, a config that is not a flat JSON object, a record naming a workload that is not there) is
+skipped and reported with its line number, and the rest is imported in one transaction; ``strict`` turns the
+first bad line into an error that aborts the import (nothing is written). A file whose first line is not an
+export header, a newer format and a workload conflict always abort.
+
+Exports and merges read rows written by anyone: a stored row whose JSON does not parse (a hand-edited
+config, say) is skipped and reported (``on_skip``), never a crash; records of a skipped workload or target
+go with it, and records of a skipped run lose their run. This module writes exports; :mod:`db.importer`
 reads them.
 """
 
@@ -41,7 +48,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -49,6 +56,8 @@ from sqlalchemy import select
 
 from db.canonical import (
     canonical_json,
+    check_latencies,
+    config_problem,
     format_time,
     utc_now,
 )
@@ -73,10 +82,17 @@ def iter_export(
     workload_key: str | None = None,
     target_key: str | None = None,
     status: Status | str | None = None,
+    on_skip: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the export items of ``db`` (header first). Filters restrict the records; then only the
-    targets, workloads and runs those records name are exported, and no model tasks or fusion plans."""
+    targets, workloads and runs those records name are exported, and no model tasks or fusion plans.
+    A stored row that cannot be exported (malformed JSON) is skipped and ``on_skip(reason)`` is called."""
     from compiler import __version__
+
+    skip = on_skip or (lambda _reason: None)
+    bad_targets: set[str] = set()
+    bad_workloads: set[str] = set()
+    bad_runs: set[int] = set()
 
     filtered = workload_key is not None or target_key is not None or status is not None
     rec_stmt = (
@@ -145,25 +161,42 @@ def iter_export(
             workloads = workloads.where(WorkloadRow.key.in_(select(sub.c[0])))
             runs = runs.where(RunRow.id.in_(select(sub.c.run_id)))
         for key, info, created in conn.execute(targets):
-            yield {"type": "target", "key": key, "info": json.loads(info), "created_at": format_time(created)}
+            info_value = _loads(info, dict)
+            if info_value is None:
+                bad_targets.add(key)
+                skip(f"target {key!r}: its info is not a JSON object")
+                continue
+            yield {"type": "target", "key": key, "info": info_value, "created_at": format_time(created)}
         for key, canonical, kind, flops, nbytes, created in conn.execute(workloads):
+            canonical_value = _loads(canonical, (dict, list))
+            if canonical_value is None:
+                bad_workloads.add(key)
+                skip(f"workload {key!r}: its canonical group is not JSON")
+                continue
             yield {
                 "type": "workload",
                 "key": key,
-                "canonical": json.loads(canonical),
+                "canonical": canonical_value,
                 "kind": kind,
                 "flops": flops,
                 "bytes": nbytes,
                 "created_at": format_time(created),
             }
         for rid, name, mhash, tk, budget, cmd, host, kv, started, finished in conn.execute(runs):
+            budget_value = _loads(budget, dict)
+            if budget_value is None or tk in bad_targets:
+                bad_runs.add(rid)
+                skip(
+                    f"run {rid}: " + ("its target was skipped" if tk in bad_targets else "budget is not JSON")
+                )
+                continue
             yield {
                 "type": "run",
                 "id": rid,
                 "model_name": name,
                 "model_hash": mhash,
                 "target": tk,
-                "budget": json.loads(budget),
+                "budget": budget_value,
                 "command_line": cmd,
                 "host": host,
                 "kiln_version": kv,
@@ -183,6 +216,8 @@ def iter_export(
                 .order_by(ModelTaskRow.id)
             )
             for name, mhash, wk, weight, created in conn.execute(tasks):
+                if wk in bad_workloads:
+                    continue
                 yield {
                     "type": "model_task",
                     "model_name": name,
@@ -191,22 +226,37 @@ def iter_export(
                     "weight": weight,
                     "created_at": format_time(created),
                 }
-        result = conn.execute(rec_stmt.execution_options(yield_per=_BATCH))
-        for wk, tk, sketch, version, config, lat, med, st, err, kv, host, run_id, created in result:
+        result = conn.execute(rec_stmt.add_columns(RecordRow.id).execution_options(yield_per=_BATCH))
+        for wk, tk, sketch, version, config, lat, med, st, err, kv, host, run_id, created, rid in result:
+            config_value = _loads(config, dict)
+            problem = config_problem(config_value) if config_value is not None else "config is not JSON"
+            latencies = _loads(lat, list) if lat is not None else None
+            if problem is None and lat is not None and latencies is None:
+                problem = "latencies are not a JSON list"
+            elif problem is None and lat is not None:
+                try:
+                    latencies = check_latencies(latencies)
+                except ValueError as exc:
+                    problem = f"latencies: {exc}"
+            if problem is None and (wk in bad_workloads or tk in bad_targets):
+                problem = "its workload or target was skipped"
+            if problem is not None:
+                skip(f"record {rid} of workload {wk[:16]} on {tk}: {problem}")
+                continue
             yield {
                 "type": "record",
                 "workload": wk,
                 "target": tk,
                 "sketch": sketch,
                 "sketch_version": version,
-                "config": json.loads(config),
-                "latencies_us": json.loads(lat) if lat is not None else None,
+                "config": config_value,
+                "latencies_us": latencies,
                 "median_us": med,
                 "status": st,
                 "error": err,
                 "kiln_version": kv,
                 "host": host,
-                "run": run_id,
+                "run": None if run_id in bad_runs else run_id,
                 "created_at": format_time(created),
             }
         if not filtered:
@@ -224,11 +274,15 @@ def iter_export(
                 .order_by(FusionPlanRow.id)
             )
             for region, tk, plan, latency, kv, host, created in conn.execute(plans):
+                plan_value = _loads(plan, dict)
+                if plan_value is None or tk in bad_targets:
+                    skip(f"fusion plan of region {region!r} on {tk}: not exportable")
+                    continue
                 yield {
                     "type": "fusion_plan",
                     "region_key": region,
                     "target": tk,
-                    "plan": json.loads(plan),
+                    "plan": plan_value,
                     "latency_us": latency,
                     "kiln_version": kv,
                     "host": host,
@@ -243,10 +297,13 @@ def export_jsonl(
     workload_key: str | None = None,
     target_key: str | None = None,
     status: Status | str | None = None,
+    skipped: list[str] | None = None,
 ) -> int:
     """Write :func:`iter_export` as JSON Lines to a path (atomically; ``.gz`` compresses) or a text file;
-    return the number of records written."""
-    items = iter_export(db, workload_key=workload_key, target_key=target_key, status=status)
+    return the number of records written. Rows that cannot be exported are skipped; their reasons are
+    appended to ``skipped`` when given."""
+    on_skip = skipped.append if skipped is not None else None
+    items = iter_export(db, workload_key=workload_key, target_key=target_key, status=status, on_skip=on_skip)
     if not isinstance(dest, str | Path):
         return _write_lines(items, dest)
     path = Path(dest)
@@ -265,6 +322,17 @@ def export_jsonl(
             os.unlink(tmp)
         raise
     return count
+
+
+def _loads(text: str | None, kind: type | tuple[type, ...]) -> Any:
+    """``json.loads(text)`` when it parses to a ``kind``, else None (a malformed stored value)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, kind) else None
 
 
 def _write_lines(items: Iterable[dict[str, Any]], out: IO[str]) -> int:

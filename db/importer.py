@@ -1,6 +1,7 @@
 """Importing a JSON Lines export (see :mod:`db.exchange` for the format and the rules) and merging one
 database into another. Every line is parsed with ``json.loads`` and checked field by field; a malformed line
-aborts the whole import (one transaction) with its file and line number."""
+is skipped and reported with its file and line number (``ImportStats.skipped_bad`` and ``problems``), or,
+with ``strict``, aborts the whole import (one transaction)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,22 @@ if TYPE_CHECKING:
 _BATCH = 1000  # records checked for duplicates and inserted per round trip
 
 
+MAX_PROBLEMS = 20  # bad lines named in ImportStats.problems (all of them are counted)
+
+
+class _NotJSON:
+    """A line that ``json.loads`` refused, and why."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
 class _Line:
     """Typed access to one parsed line, raising InvalidRecordError that names the source and line."""
 
     def __init__(self, item: Any, where: str) -> None:
+        if isinstance(item, _NotJSON):
+            raise InvalidRecordError(f"{where}: not valid JSON ({item.error})")
         if not isinstance(item, dict):
             raise InvalidRecordError(f"{where}: expected a JSON object, got {type(item).__name__}")
         self.item = item
@@ -106,10 +119,13 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 class _Importer:
     """Applies export items to a database inside one write transaction."""
 
-    def __init__(self, db: TuningDatabase, conn: Connection, source: str) -> None:
+    def __init__(self, db: TuningDatabase, conn: Connection, source: str, strict: bool = False) -> None:
         self.db = db
         self.conn = conn
         self.source = source
+        self.strict = strict
+        self.seen_header = False
+        self.problems: list[str] = []
         self.workloads: dict[str, int] = {}
         self.targets: dict[str, int] = {}
         self.runs: dict[int, int] = {}  # run id in the source -> local run id
@@ -124,6 +140,8 @@ class _Importer:
                 "runs_added",
                 "model_tasks_added",
                 "fusion_plans_added",
+                "skipped_bad",
+                "confirmations_added",
             ),
             0,
         )
@@ -153,12 +171,36 @@ class _Importer:
     # items ------------------------------------------------------------------------------------------
 
     def apply(self, item: Any, where: str) -> None:
-        line = _Line(item, where)
-        kind = line.get("type", str)
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is None:
-            raise line.fail(f"unknown line type {kind!r}")
-        handler(line)
+        """Apply one item; a bad one is skipped and reported (or, with ``strict``, raised). The first item
+        must be the export's header (a file that is not an export is refused whole)."""
+        if not self.seen_header:
+            self.seen_header = True
+            line = _Line(item, where)
+            if line.item.get("type") != "header":
+                raise line.fail("not a Kiln tuning-database export (the first line is not its header)")
+            self._on_header(line)
+            return
+        try:
+            line = _Line(item, where)
+            kind = line.get("type", str)
+            handler = getattr(self, f"_on_{kind}", None)
+            if handler is None:
+                raise line.fail(f"unknown line type {kind!r}")
+            handler(line)
+        except InvalidRecordError as exc:
+            if self.strict:
+                raise
+            self.counts["skipped_bad"] += 1
+            if len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(str(exc))
+
+    def skip(self, problem: str) -> None:
+        """Count and name a row the source could not even give (a malformed row of a merged database)."""
+        if self.strict:
+            raise InvalidRecordError(f"{self.source}: {problem}")
+        self.counts["skipped_bad"] += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{self.source}: {problem}")
 
     def _on_header(self, line: _Line) -> None:
         if line.get("format", str) != FORMAT_NAME:
@@ -344,18 +386,28 @@ class _Importer:
         self.pending_fps.clear()
 
     def stats(self) -> ImportStats:
-        return ImportStats(**self.counts)
+        return ImportStats(**self.counts, problems=tuple(self.problems))
 
 
-def import_items(db: TuningDatabase, items: Iterable[tuple[Any, str]], source: str) -> ImportStats:
-    """Apply ``(item, where)`` pairs (parsed export lines and their location) in one write transaction."""
+def import_items(
+    db: TuningDatabase,
+    items: Iterable[tuple[Any, str]],
+    source: str,
+    *,
+    strict: bool = False,
+    importer_hook: list[_Importer] | None = None,
+) -> ImportStats:
+    """Apply ``(item, where)`` pairs (parsed export lines and their location) in one write transaction;
+    bad items are skipped and reported unless ``strict``."""
     options = {WRITE_OPTION: True}
     with (
         translate_errors(db._url, f"import {source}"),
         db.engine.connect().execution_options(**options) as conn,
         conn.begin(),
     ):
-        importer = _Importer(db, conn, source)
+        importer = _Importer(db, conn, source, strict)
+        if importer_hook is not None:
+            importer_hook.append(importer)
         for item, where in items:
             importer.apply(item, where)
         importer.flush()
@@ -372,14 +424,15 @@ def _parsed_lines(stream: IO[str], source: str) -> Iterator[tuple[Any, str]]:
         try:
             item = json.loads(text)
         except ValueError as exc:
-            raise InvalidRecordError(f"{where}: not valid JSON ({exc})") from None
+            item = _NotJSON(str(exc))
         yield item, where
 
 
-def import_jsonl(db: TuningDatabase, src: str | Path | IO[str]) -> ImportStats:
+def import_jsonl(db: TuningDatabase, src: str | Path | IO[str], *, strict: bool = False) -> ImportStats:
     """Import a JSON Lines export (path, ``.gz`` path, or text file) into ``db``; see the module docstring."""
     if not isinstance(src, str | Path):
-        return import_items(db, _parsed_lines(src, getattr(src, "name", "<stream>")), "<stream>")
+        lines = _parsed_lines(src, getattr(src, "name", "<stream>"))
+        return import_items(db, lines, "<stream>", strict=strict)
     path = Path(src)
     try:
         raw = path.open("rb")
@@ -389,13 +442,14 @@ def import_jsonl(db: TuningDatabase, src: str | Path | IO[str]) -> ImportStats:
         stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw
         try:
             with io.TextIOWrapper(stream, encoding="utf-8") as text:
-                return import_items(db, _parsed_lines(text, str(path)), str(path))
+                return import_items(db, _parsed_lines(text, str(path)), str(path), strict=strict)
         except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
             raise InvalidRecordError(f"{path}: not a UTF-8 JSON Lines export ({exc})") from None
 
 
-def merge_from(db: TuningDatabase, other_url: str) -> ImportStats:
-    """Import everything of the database at ``other_url`` into ``db`` (the other one is only read)."""
+def merge_from(db: TuningDatabase, other_url: str, *, strict: bool = False) -> ImportStats:
+    """Import everything of the database at ``other_url`` into ``db`` (the other one is only read); rows
+    of either side that are malformed are skipped and reported, unless ``strict``."""
     from db.database import TuningDatabase
 
     resolved = resolve_url(other_url)
@@ -405,5 +459,11 @@ def merge_from(db: TuningDatabase, other_url: str) -> ImportStats:
         raise DatabaseError(f"cannot merge {display_url(resolved)} into itself")
     with TuningDatabase.open(resolved, create=False) as other:
         shown = other.url
-        items = ((item, f"{shown} ({item['type']})") for item in iter_export(other))
-        return import_items(db, items, shown)
+        hook: list[_Importer] = []
+
+        def on_skip(problem: str) -> None:
+            hook[0].skip(problem)
+
+        exported = iter_export(other, on_skip=on_skip)
+        items = ((item, f"{shown} ({item['type']})") for item in exported)
+        return import_items(db, items, shown, strict=strict, importer_hook=hook)

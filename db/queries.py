@@ -11,9 +11,9 @@ from sqlalchemy import bindparam, case, func, select
 from sqlalchemy.orm import aliased
 
 from db.core import BEST_ORDER, DatabaseCore, Validator, records_select, to_record
-from db.errors import AmbiguousKeyError, InvalidRecordError, UnknownKeyError
+from db.errors import AmbiguousKeyError, CorruptDatabaseError, InvalidRecordError, UnknownKeyError
 from db.models import ModelTaskRow, RecordRow, TargetRow, WorkloadRow
-from db.records import CoverageRow, Record, WorkloadInfo
+from db.records import CoverageRow, PrunePlan, Record, WorkloadInfo
 from db.status import Status
 
 if TYPE_CHECKING:
@@ -154,6 +154,43 @@ class QueryMixin(DatabaseCore):
             result.close()
         return out
 
+    def prune_plan(
+        self, keep_top_k: int, *, keep_errors: bool = True, validate: Validator | None = None
+    ) -> PrunePlan:
+        """What :meth:`prune` would delete: per (workload, target), the ok records after the ``keep_top_k``
+        best valid ones (``validate(record)`` returning None, and a structurally sound config), plus, without
+        ``keep_errors``, the records that are not ok. Invalid ok records are left alone and listed."""
+        if keep_top_k < 1:
+            raise InvalidRecordError(
+                f"prune keeps at least 1 record per workload and target, not {keep_top_k}"
+            )
+        stmt = records_select().order_by(
+            RecordRow.workload_id, RecordRow.target_id, RecordRow.median_us.is_(None), *BEST_ORDER
+        )
+        doomed: list[Record] = []
+        left_alone: list[tuple[int, str]] = []
+        kept: dict[tuple[str, str], int] = {}
+        with self._read("plan a prune") as conn:
+            rows = conn.execute(stmt).all()
+        for row in rows:
+            if row.status != Status.OK.value:
+                if not keep_errors:
+                    try:
+                        doomed.append(to_record(row))
+                    except InvalidRecordError as exc:
+                        left_alone.append((row.id, str(exc)))
+                continue
+            rec, problem = self._candidate_problem(row, validate)
+            if problem is not None or rec is None:
+                left_alone.append((row.id, problem or "malformed"))
+                continue
+            group = (row[0], row[1])
+            if kept.get(group, 0) < keep_top_k:
+                kept[group] = kept.get(group, 0) + 1
+            else:
+                doomed.append(rec)
+        return PrunePlan(keep_top_k, keep_errors, tuple(doomed), sum(kept.values()), tuple(left_alone))
+
     def find_records(
         self,
         workload_key: str | None = None,
@@ -202,6 +239,27 @@ class QueryMixin(DatabaseCore):
         frame = pd.DataFrame(rows, columns=columns)
         frame["status"] = frame["status"].map(lambda s: s.value if isinstance(s, Status) else s)
         return frame
+
+    def check_integrity(self) -> None:
+        """Raise :class:`CorruptDatabaseError` naming the file when a SQLite database is damaged anywhere
+        (Kiln's tables and the Optuna tables that share the file: ``PRAGMA quick_check``); a no-op on other
+        backends, whose servers keep their own files consistent. ``kiln tune`` runs it before it writes."""
+        if self.dialect != "sqlite":
+            return
+        from sqlalchemy import text
+
+        with self._read("check the database file") as conn:
+            found = [" ".join(str(r[0]).split()) for r in conn.execute(text("PRAGMA quick_check(3)"))]
+        if found != ["ok"]:
+            from db.engine import sqlite_path
+
+            path = sqlite_path(self._url)
+            shown = str(path) if path is not None else self.url
+            problems = "; ".join(found)[:300]
+            raise CorruptDatabaseError(
+                f"{shown} is damaged (SQLite integrity check: {problems}); restore it from a backup, "
+                "or move it aside and rebuild it from an export with `kiln db import`"
+            )
 
     def count_records(self, status: Status | str | None = None) -> int:
         """Number of records (of one status, if given)."""

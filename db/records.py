@@ -54,7 +54,8 @@ class Record:
 
 @dataclass(frozen=True)
 class ImportStats:
-    """What an import or merge did: records added and records skipped as duplicates of stored ones."""
+    """What an import or merge did: records added, records skipped as duplicates of stored ones, and bad
+    rows skipped (``skipped_bad``; ``problems`` names the first of them: line or record, and why)."""
 
     added: int = 0
     skipped_duplicates: int = 0
@@ -63,6 +64,26 @@ class ImportStats:
     runs_added: int = 0
     model_tasks_added: int = 0
     fusion_plans_added: int = 0
+    skipped_bad: int = 0
+    problems: tuple[str, ...] = ()
+    confirmations_added: int = 0
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """What ``prune`` deletes (or, with a dry run, would delete).
+
+    ``doomed`` are the records to delete: ok records ranked after the ``keep`` best *valid* ones of their
+    (workload, target) and, without ``keep_errors``, records that are not ok. ``left_alone`` are ok records
+    that fail validation (a malformed config, or one the sketch's knob space rejects) with the reason: they
+    never count among the K kept, and prune never deletes them (nor lets them push a valid record out).
+    """
+
+    keep: int
+    keep_errors: bool
+    doomed: tuple[Record, ...] = ()
+    kept: int = 0
+    left_alone: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)

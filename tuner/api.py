@@ -279,6 +279,7 @@ def tune(
         "args": args,
     }
     with _database(db) as database:
+        database.check_integrity()  # a damaged file is one clear error before anything is written
         found = _unfinished_run(database, graph, target, spec) if resume else None
         if found is None:
             run_id = _begin_run(database, graph, target, chosen, spec, not tasks, command_line)
@@ -344,6 +345,9 @@ def tune(
                     except KeyboardInterrupt:
                         interrupted = True
             outcome = "interrupted" if interrupted else "complete"
+        except Exception as exc:
+            _raise_study_error(database, exc)
+            raise
         finally:
             try:
                 if own_measurer and measurer is not None:
@@ -372,6 +376,23 @@ def tune(
         budget_seconds=budget.seconds,
         resumed=resumed,
     )
+
+
+def _raise_study_error(database: TuningDatabase, exc: Exception) -> None:
+    """Raise an error of the Optuna study's storage (its tables share the database) as one DatabaseError
+    naming the database, never a traceback through Optuna's internals; return for any other error."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.engine import translate_errors
+    from db.errors import DatabaseError
+
+    cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
+    if isinstance(cause, SQLAlchemyError):
+        with translate_errors(database._url, "update the Optuna study"):
+            raise cause from None
+    if isinstance(exc, optuna.exceptions.StorageInternalError):
+        raise DatabaseError(f"cannot update the Optuna study in {database.url}: {exc}") from None
 
 
 def _has_budget(budget: Budget) -> bool:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
 
 from db.database import Record, RecordIn, TuningDatabase
 from db.errors import ConflictError, DatabaseError, InvalidRecordError
@@ -167,18 +169,60 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize(("line", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
-def test_malformed_import_is_rejected_whole(
+def test_malformed_line_is_skipped_and_reported_or_with_strict_rejected_whole(
     db: TuningDatabase, tmp_path: Path, line: str, message: str
 ) -> None:
     add_basics(db)
     path = tmp_path / "bad.jsonl"
     good = json.dumps({**RECORD, "created_at": "2026-01-01T00:00:00.000000Z"})
-    path.write_text(HEADER + TARGET + WORKLOAD + good + "\n" + line + "\n")
+    after = json.dumps({**RECORD, "created_at": "2026-01-01T00:00:02.000000Z"})
+    path.write_text(HEADER + TARGET + WORKLOAD + good + "\n" + line + "\n" + after + "\n")
     with pytest.raises(InvalidRecordError, match=message) as err:
-        db.import_jsonl(path)
+        db.import_jsonl(path, strict=True)
     assert f"{path}:5" in str(err.value)
     assert db.count_records() == 0  # one transaction: the good line before it was not kept either
     assert "w" not in {w.key for w in db.workloads()}
+    stats = db.import_jsonl(path)  # by default: the bad line is skipped and named, the rest imported
+    assert (stats.added, stats.skipped_bad) == (2, 1)
+    (problem,) = stats.problems
+    assert problem.startswith(f"{path}:5: ") and re.search(message, problem)
+
+
+def test_a_file_that_is_not_an_export_is_refused_whole(db: TuningDatabase, tmp_path: Path) -> None:
+    path = tmp_path / "notes.jsonl"
+    path.write_text(TARGET + WORKLOAD)
+    with pytest.raises(InvalidRecordError, match="the first line is not its header"):
+        db.import_jsonl(path)
+    assert db.target_keys() == []
+
+
+def _break_config(db: TuningDatabase, record_id: int) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(text("UPDATE kiln_records SET config = '{not json' WHERE id = :i"), {"i": record_id})
+
+
+def test_export_and_merge_skip_and_report_a_stored_row_that_is_not_json(
+    db: TuningDatabase, tmp_path: Path
+) -> None:
+    keys = add_basics(db)
+    ids = [db.commit_record(rec(keys[0], latencies=[float(i + 1)], config={"v": i})) for i in range(3)]
+    _break_config(db, ids[1])
+    skipped: list[str] = []
+    path = tmp_path / "out.jsonl"
+    assert db.export_jsonl(path, skipped=skipped) == 2
+    assert len(skipped) == 1 and f"record {ids[1]} " in skipped[0] and "config is not JSON" in skipped[0]
+    source = f"sqlite:///{tmp_path / 'src.db'}"
+    with TuningDatabase.open(source) as src:
+        src.import_jsonl(path)
+        (first,) = [r.id for r in src.find_records() if r.config == {"v": 0}]
+        _break_config(src, first)
+    with TuningDatabase.open(f"sqlite:///{tmp_path / 'dst.db'}") as dst:
+        stats = dst.merge_from(source)
+        assert (stats.added, stats.skipped_bad) == (1, 1)
+        assert f"record {first} " in stats.problems[0]
+        assert [r.config for r in dst.find_records()] == [{"v": 2}]
+        with pytest.raises(InvalidRecordError, match="config is not JSON"):
+            dst.merge_from(source, strict=True)
 
 
 def test_import_rejects_newer_format_and_workload_conflicts(db: TuningDatabase, tmp_path: Path) -> None:
