@@ -6,7 +6,14 @@
           -> codegen (one translation unit) -> runtime (build, memory plan, executor)
 
 Groups that only reshape one buffer become aliases (no kernel). Every kernel's provenance (workload
-key, sketch, config, whether it came from a record) is kept in the compiled model's metadata.
+key, sketch, config, whether it came from a record, and what the config source said about that record) is
+kept in the compiled model's metadata.
+
+The apply rule belongs to the config source (the compiler knows nothing of databases): it answers a
+group with ``(sketch, config, origin)`` or ``(sketch, config, origin, info)``; ``info`` (plain JSON: e.g.
+whether the record's speed-up over the default was confirmed) is kept as the kernel's ``record`` field.
+A config of None with ``info`` means "there is a record, but use the default" (a record confirmed not
+faster than the default): the kernel gets the sketch's default and the reason stays in ``record``.
 """
 
 from __future__ import annotations
@@ -30,8 +37,11 @@ from compiler.target import Target
 
 log = logging.getLogger("kiln.build")
 
-# (group, target) -> (sketch name, config, origin) or None to use the sketch's default
-ConfigSource = Callable[[Group, Target], "tuple[str, Config, str] | None"]
+# (group, target) -> (sketch name, config, origin[, info]) or None to use the sketch's default; a config of
+# None with info: use the default, and keep why (see the module docstring)
+ConfigSource = Callable[
+    [Group, Target], "tuple[str, Config, str] | tuple[str, Config | None, str, dict] | None"
+]
 
 
 @dataclass
@@ -44,6 +54,7 @@ class KernelPlan:
     origin: str  # "default" | "record" | "given"
     func: PrimFunc
     trace: str
+    record: dict[str, Any] | None = None  # what the config source said about the group's record
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -55,6 +66,7 @@ class KernelPlan:
             "config": self.config,
             "origin": self.origin,
             "ops": [n.op for n in self.group.nodes],
+            **({"record": self.record} if self.record is not None else {}),
         }
 
 
@@ -115,19 +127,27 @@ def plan_model(
             views.append(group)
             continue
         chosen = configs(group, target) if configs is not None else None
+        info = None
         if chosen is not None:
-            sketch_name, config, origin = chosen
-            try:
-                kernels.append(kernel_for(group, target, config, sketch_name, origin))
-                continue
-            except (ScheduleError, KilnError) as exc:  # a stale record must never break compile
-                log.warning(
-                    "record for %s (%s) no longer builds (%s); using the default schedule",
-                    group.name,
-                    group.workload_key[:12],
-                    exc,
-                )
-        kernels.append(kernel_for(group, target))
+            sketch_name, config, origin = chosen[:3]
+            info = dict(chosen[3]) if len(chosen) > 3 else None
+            if config is not None:
+                try:
+                    kernel = kernel_for(group, target, config, sketch_name, origin)
+                    kernel.record = info
+                    kernels.append(kernel)
+                    continue
+                except (ScheduleError, KilnError) as exc:  # a stale record must never break compile
+                    log.warning(
+                        "record for %s (%s) no longer builds (%s); using the default schedule",
+                        group.name,
+                        group.workload_key[:12],
+                        exc,
+                    )
+                    info = {**(info or {}), "kept_default": f"the record no longer builds: {exc}"}
+        kernel = kernel_for(group, target)
+        kernel.record = info
+        kernels.append(kernel)
     return ModelPlan(g, fused, target, kernels, views)
 
 

@@ -36,6 +36,7 @@ from db.canonical import (
     record_fingerprint,
     utc_now,
 )
+from db.confirmations import ConfirmationMixin
 from db.core import Validator, host, kiln_version
 from db.engine import display_url, ensure_wal, make_engine, resolve_url, translate_errors
 from db.errors import (
@@ -58,11 +59,12 @@ __all__ = ["ImportStats", "Record", "RecordIn", "Status", "TuningDatabase", "Val
 MAX_ERROR_CHARS = 65536
 
 
-class TuningDatabase(QueryMixin, AuxTablesMixin):
+class TuningDatabase(QueryMixin, AuxTablesMixin, ConfirmationMixin):
     """A Kiln tuning database at a SQLAlchemy URL. Create it with :meth:`open`; it is a context manager.
 
     The methods come in parts: opening and committing records here; reading in :mod:`db.queries`; runs,
-    model tasks, fusion plans and features in :mod:`db.aux_tables`; plumbing in :mod:`db.core`.
+    model tasks, fusion plans and features in :mod:`db.aux_tables`; confirmations in
+    :mod:`db.confirmations`; plumbing in :mod:`db.core`.
     """
 
     @classmethod

@@ -16,6 +16,13 @@ Format (one JSON object per line, UTF-8; times are UTC ``2026-11-21T12:00:00.000
      "kiln_version": ..., "host": ..., "run": <source run id> | null, "created_at": ...}
     {"type": "fusion_plan", "region_key": ..., "target": ..., "plan": {...}, "latency_us": ...,
      "kiln_version": ..., "host": ..., "created_at": ...}
+    {"type": "confirmation", "workload": ..., "target": ..., "sketch": ..., "sketch_version": ...,
+     "config": {...}, "default_config": {...}, "best_rounds": [...], "default_rounds": [...],
+     "kiln_version": ..., "host": ..., "run": <source run id> | null, "created_at": ...}
+
+Version 2 added the confirmation lines (see :mod:`db.confirmations`): a speed-up over the default travels
+only with the interleaved re-measurement it came from, and the importer derives medians, speed-up and
+spread from the rounds itself. Version 1 files (no confirmations) import as before.
 
 Targets and workloads come before the records that name them. Import rules:
 
@@ -26,6 +33,8 @@ Targets and workloads come before the records that name them. Import rules:
   aborts the import (:class:`~db.errors.ConflictError`); a target keeps its stored description;
 - runs are matched by (model, hash, target, host, started_at) and records are re-pointed to the local run;
 - model tasks are added when (model, hash, workload) is not stored; fusion plans when no identical plan is;
+- confirmations are duplicates when their fingerprint (workload, target, sketch, version, both configs, both
+  rounds lists, ``created_at``) is stored;
 - cached cost-model features are not exported (they are recomputed from the records).
 
 Every line is parsed with ``json.loads`` and checked field by field. A malformed line (not JSON, a missing
@@ -62,14 +71,14 @@ from db.canonical import (
     utc_now,
 )
 from db.errors import DatabaseError
-from db.models import FusionPlanRow, ModelTaskRow, RecordRow, RunRow, TargetRow, WorkloadRow
+from db.models import ConfirmationRow, FusionPlanRow, ModelTaskRow, RecordRow, RunRow, TargetRow, WorkloadRow
 from db.status import Status
 
 if TYPE_CHECKING:
     from db.database import TuningDatabase
 
 FORMAT_NAME = "kiln-tuning-db"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: confirmation lines
 _BATCH = 1000  # rows fetched per round trip
 
 
@@ -259,6 +268,10 @@ def iter_export(
                 "run": None if run_id in bad_runs else run_id,
                 "created_at": format_time(created),
             }
+        if status is None or Status.parse(status) is Status.OK:
+            yield from _confirmation_items(
+                conn, workload_key, target_key, bad_workloads | bad_targets, bad_runs, skip
+            )
         if not filtered:
             plans = (
                 select(
@@ -322,6 +335,75 @@ def export_jsonl(
             os.unlink(tmp)
         raise
     return count
+
+
+def _confirmation_items(
+    conn: Any,
+    workload_key: str | None,
+    target_key: str | None,
+    bad_keys: set[str],
+    bad_runs: set[int],
+    skip: Callable[[str], None],
+) -> Iterator[dict[str, Any]]:
+    """Export items of the confirmations (of one workload and/or target, when given)."""
+    stmt = (
+        select(
+            WorkloadRow.key,
+            TargetRow.key,
+            ConfirmationRow.sketch,
+            ConfirmationRow.sketch_version,
+            ConfirmationRow.config,
+            ConfirmationRow.default_config,
+            ConfirmationRow.best_rounds,
+            ConfirmationRow.default_rounds,
+            ConfirmationRow.run_id,
+            ConfirmationRow.kiln_version,
+            ConfirmationRow.host,
+            ConfirmationRow.created_at,
+            ConfirmationRow.id,
+        )
+        .join(WorkloadRow, WorkloadRow.id == ConfirmationRow.workload_id)
+        .join(TargetRow, TargetRow.id == ConfirmationRow.target_id)
+        .order_by(ConfirmationRow.id)
+    )
+    if workload_key is not None:
+        stmt = stmt.where(WorkloadRow.key == workload_key)
+    if target_key is not None:
+        stmt = stmt.where(TargetRow.key == target_key)
+    for (
+        wk,
+        tk,
+        sketch,
+        version,
+        config,
+        default,
+        b_rounds,
+        d_rounds,
+        run_id,
+        kv,
+        host,
+        created,
+        cid,
+    ) in conn.execute(stmt):
+        values = [_loads(config, dict), _loads(default, dict), _loads(b_rounds, list), _loads(d_rounds, list)]
+        if any(v is None for v in values) or wk in bad_keys or tk in bad_keys:
+            skip(f"confirmation {cid} of workload {wk[:16]} on {tk}: malformed (or its workload/target)")
+            continue
+        yield {
+            "type": "confirmation",
+            "workload": wk,
+            "target": tk,
+            "sketch": sketch,
+            "sketch_version": version,
+            "config": values[0],
+            "default_config": values[1],
+            "best_rounds": values[2],
+            "default_rounds": values[3],
+            "kiln_version": kv,
+            "host": host,
+            "run": None if run_id in bad_runs else run_id,
+            "created_at": format_time(created),
+        }
 
 
 def _loads(text: str | None, kind: type | tuple[type, ...]) -> Any:

@@ -24,11 +24,12 @@ from db.canonical import (
     parse_time,
     record_fingerprint,
 )
+from db.confirmations import confirmation_values
 from db.engine import WRITE_OPTION, display_url, resolve_url, sqlite_path, translate_errors
 from db.errors import ConflictError, DatabaseError, InvalidRecordError
 from db.exchange import FORMAT_NAME, FORMAT_VERSION, iter_export
-from db.models import FusionPlanRow, ModelTaskRow, RecordRow, RunRow, TargetRow, WorkloadRow
-from db.records import ImportStats
+from db.models import ConfirmationRow, FusionPlanRow, ModelTaskRow, RecordRow, RunRow, TargetRow, WorkloadRow
+from db.records import ConfirmationIn, ImportStats
 from db.status import Status
 
 if TYPE_CHECKING:
@@ -350,6 +351,38 @@ class _Importer:
         self.pending_fps.add(fp)
         if len(self.pending) >= _BATCH:
             self.flush()
+
+    def _on_confirmation(self, line: _Line) -> None:
+        wk, tk = line.text("workload"), line.text("target")
+        source_run = line.get("run", int, optional=True)
+        if source_run is not None and source_run not in self.runs:
+            raise line.fail(f"confirmation names run {source_run}, which is not earlier in the file")
+        conf = ConfirmationIn(
+            wk,
+            tk,
+            line.text("sketch"),
+            line.get("sketch_version", int),
+            line.get("config", dict),
+            line.get("default_config", dict),
+            line.get("best_rounds", list),
+            line.get("default_rounds", list),
+            self.runs.get(source_run) if source_run is not None else None,
+        )
+        try:
+            values = confirmation_values(
+                conf,
+                self.workload_id(line, wk),
+                self.target_id(line, tk),
+                created_at=line.time("created_at"),
+                kiln=line.get("kiln_version", str),
+                host_name=line.get("host", str),
+            )
+        except ValueError as exc:
+            raise line.fail(str(exc)) from None
+        stored = select(ConfirmationRow.id).where(ConfirmationRow.fingerprint == values["fingerprint"])
+        if self.conn.execute(stored.limit(1)).scalar() is None:
+            self.conn.execute(insert(ConfirmationRow).values(**values))
+            self.counts["confirmations_added"] += 1
 
     def _on_fusion_plan(self, line: _Line) -> None:
         tid = self.target_id(line, line.text("target"))

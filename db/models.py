@@ -166,3 +166,30 @@ class FeatureRow(Base):
     length: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class ConfirmationRow(Base):
+    """A confirmation: the best candidate of (workload, target) and its default re-measured in interleaved
+    rounds (JSON lists of per-round medians), the speed-up (median of per-round ratios) and its spread."""
+
+    __tablename__ = "kiln_confirmations"
+    __table_args__ = (Index("ix_kiln_confirmations_latest", "workload_id", "target_id", "created_at", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("kiln_workloads.id"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("kiln_targets.id"))
+    sketch: Mapped[str] = mapped_column(String(64))
+    sketch_version: Mapped[int] = mapped_column(Integer)
+    config: Mapped[str] = mapped_column(Text)
+    default_config: Mapped[str] = mapped_column(Text)
+    best_rounds: Mapped[str] = mapped_column(Text)
+    default_rounds: Mapped[str] = mapped_column(Text)
+    best_us: Mapped[float] = mapped_column(Double)
+    default_us: Mapped[float] = mapped_column(Double)
+    speedup: Mapped[float] = mapped_column(Double)
+    spread: Mapped[float] = mapped_column(Double)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("kiln_runs.id", ondelete="SET NULL"), nullable=True)
+    kiln_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)

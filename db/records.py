@@ -53,6 +53,59 @@ class Record:
 
 
 @dataclass(frozen=True)
+class ConfirmationIn:
+    """A confirmation to commit: the best candidate of a task (``config``) and its default re-measured in
+    interleaved rounds through the same measurer. ``best_rounds[i]`` and ``default_rounds[i]`` are the
+    medians of round ``i`` (rounds alternate which of the two runs first). The database derives the
+    medians, the speed-up and its spread (see :class:`Confirmation`)."""
+
+    workload_key: str
+    target_key: str
+    sketch: str
+    sketch_version: int
+    config: dict[str, Any]
+    default_config: dict[str, Any]
+    best_rounds: list[float]
+    default_rounds: list[float]
+    run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A stored confirmation. ``speedup`` is the median over rounds of default / best (the two measured
+    back to back in each round); ``spread`` is half the range of those per-round ratios, relative to
+    ``speedup`` (0.03: the rounds agree within +-3%). ``best_us`` and ``default_us`` are the medians of the
+    per-round medians. The candidate is *confirmed better* than the default when ``speedup > 1``."""
+
+    workload_key: str
+    target_key: str
+    sketch: str
+    sketch_version: int
+    config: dict[str, Any]
+    default_config: dict[str, Any]
+    best_rounds: tuple[float, ...]
+    default_rounds: tuple[float, ...]
+    best_us: float
+    default_us: float
+    speedup: float
+    spread: float
+    run_id: int | None
+    kiln_version: str
+    host: str
+    created_at: datetime
+    id: int
+
+    @property
+    def better(self) -> bool:
+        """Whether the confirmed candidate beat the default (median of the paired ratios above 1)."""
+        return self.speedup > 1.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.best_rounds)
+
+
+@dataclass(frozen=True)
 class ImportStats:
     """What an import or merge did: records added, records skipped as duplicates of stored ones, and bad
     rows skipped (``skipped_bad``; ``problems`` names the first of them: line or record, and why)."""

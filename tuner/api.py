@@ -4,8 +4,12 @@
   with Optuna (optionally filtered by a cost model), measures candidates on the target and commits every
   result to the database under one run; it returns a :class:`TuneSummary`. ``kiln tune`` is this function
   plus argument parsing and printing. The run row is closed (its end time set) whatever happens.
+  At the end of a run that was not interrupted, each task's best candidate and its default are measured
+  again in interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's
+  speed-ups come from those confirmations.
 - ``compile(model, target, db)`` is :func:`compiler.build.compile` with the database's best valid record
-  for each group (``db`` is a TuningDatabase or a URL); groups without a record use their sketch's default.
+  for each group (``db`` is a TuningDatabase or a URL); groups without a record, and groups whose record
+  was confirmed not faster than the default, use their sketch's default.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -27,12 +31,15 @@ from compiler.graph import Graph
 from compiler.reference import random_inputs
 from compiler.target import Target
 from db.database import TuningDatabase
+from db.records import Confirmation
+from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
 from tuner.progress import LiveProgress
 from tuner.records import database_config_source
 from tuner.scheduler import Budget, TaskScheduler
 from tuner.search import TaskResult, TaskTuner
+from tuner.space import config_json
 from tuner.storage import optuna_storage
 from tuner.task import Task, extract_tasks
 
@@ -50,16 +57,21 @@ def compile(
 
 @dataclass(frozen=True)
 class ModelTiming:
-    """Whole-model latency measured on compiled models: every kernel's default vs the tuned records."""
+    """Whole-model latency measured on compiled models, every kernel's default vs the tuned records, in
+    interleaved rounds: ``default_us`` / ``tuned_us`` are medians of the per-round medians, ``speedup``
+    the median of the per-round ratios and ``spread`` half their range relative to it."""
 
     default_us: float
     tuned_us: float
     kernels_from_records: int
     kernels: int
+    speedup: float = 0.0
+    spread: float = 0.0
+    rounds: int = 1
 
-    @property
-    def speedup(self) -> float:
-        return self.default_us / self.tuned_us
+    def speedup_text(self) -> str:
+        """``1.20x (±2%)``."""
+        return f"{self.speedup:.2f}x (±{100 * self.spread:.0f}%)"
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,19 @@ class TuneSummary:
     budget_trials: int | None = None  # the run's trial budget over its tasks (None: a time budget only)
     budget_seconds: float | None = None
     resumed: Resume | None = None  # the unfinished run this invocation continued, if any
+    confirmations: dict[str, Confirmation] = field(default_factory=dict)  # by workload key
+    confirm_failures: dict[str, str] = field(default_factory=dict)  # workload key -> why not confirmed
+
+    def confirmation(self, result: TaskResult) -> Confirmation | None:
+        """The confirmation of a task's best candidate, or None (not confirmed)."""
+        return self.confirmations.get(result.task.workload_key)
+
+    def speedup_text(self, result: TaskResult) -> str:
+        """The task's speed-up over its default as the CLI prints it: ``1.42x (±3%)`` from the confirmation,
+        ``default`` when the best config found is the default itself, or ``unconfirmed``."""
+        best, default = result.best_config, result.task.default()
+        is_default = best is not None and config_json(best) == config_json(default)
+        return speedup_text(self.confirmation(result), is_default)
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain JSON data (``kiln tune --format json``)."""
@@ -130,7 +155,10 @@ class TuneSummary:
                     "trials": r.measured,
                     "default_us": r.default_us,
                     "best_us": r.best_us,
-                    "speedup": r.speedup,
+                    "speedup": _conf_json(self.confirmation(r), "speedup"),
+                    "speedup_spread": _conf_json(self.confirmation(r), "spread"),
+                    "confirmation": _confirmation_json(self.confirmation(r)),
+                    "confirm_error": self.confirm_failures.get(r.task.workload_key),
                     "best_config": r.best_config,
                     "errors": r.errors,
                     "done": r.done,
@@ -143,6 +171,8 @@ class TuneSummary:
                 "default_us": t.default_us,
                 "tuned_us": t.tuned_us,
                 "speedup": t.speedup,
+                "speedup_spread": t.spread,
+                "rounds": t.rounds,
                 "kernels_from_records": t.kernels_from_records,
                 "kernels": t.kernels,
             },
@@ -169,6 +199,24 @@ class TuneSummary:
         total = sum(t.task.weight for t in self.tasks)
         tuned = sum(t.task.weight for t in self.tasks if t.best_us is not None)
         return tuned / total if total else 0.0
+
+
+def _conf_json(conf: Confirmation | None, attr: str) -> float | None:
+    return None if conf is None else getattr(conf, attr)
+
+
+def _confirmation_json(conf: Confirmation | None) -> dict[str, Any] | None:
+    if conf is None:
+        return None
+    return {
+        "speedup": conf.speedup,
+        "spread": conf.spread,
+        "best_us": conf.best_us,
+        "default_us": conf.default_us,
+        "rounds": conf.rounds,
+        "better_than_default": conf.better,
+        "config": conf.config,
+    }
 
 
 def _weighted(tasks: Sequence[TaskResult], attr: str) -> float | None:
@@ -228,6 +276,7 @@ def tune(
     command_line: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     resume: bool = True,
+    confirm_rounds: int = DEFAULT_ROUNDS,
 ) -> TuneSummary:
     """Tune ``model`` (a Graph, a built-in model name or an ONNX file) on ``target`` into ``db``.
 
@@ -247,6 +296,10 @@ def tune(
     it had left is spent, counting the records stored under it. The run's row in the database is closed
     (end time set, with how it ended) whatever happens; Ctrl-C stops after the current batch's results are
     committed and gives a summary with ``interrupted`` set.
+
+    Unless interrupted, the run ends by confirming each task's best candidate: it and the default are
+    measured again in ``confirm_rounds`` interleaved rounds (0: no confirmation) and the result is stored
+    (:mod:`tuner.confirm`); the summary's speed-ups come from these confirmations.
     """
     if isinstance(budget, int):
         budget = Budget(trials=budget)
@@ -297,6 +350,8 @@ def tune(
         )
         own_measurer = measurer is None
         tuners: list[TaskTuner] = []
+        confirmed: dict[str, Confirmation] = {}
+        failures: list[ConfirmFailure] = []
         interrupted, outcome = False, "failed"
         started = time.monotonic()
         try:
@@ -344,6 +399,18 @@ def tune(
                         scheduler.run()
                     except KeyboardInterrupt:
                         interrupted = True
+            if not interrupted and confirm_rounds > 0:
+                try:
+                    confirmed, failures = confirm_tasks(
+                        [(t.task, t.state.best_config) for t in tuners],
+                        database,
+                        measurer,
+                        rounds=confirm_rounds,
+                        run_id=run_id,
+                        on_task=_confirm_printer(progress, progress_file, confirm_rounds),
+                    )
+                except KeyboardInterrupt:
+                    interrupted = True
             outcome = "interrupted" if interrupted else "complete"
         except Exception as exc:
             _raise_study_error(database, exc)
@@ -375,7 +442,32 @@ def tune(
         budget_trials=total_trials,
         budget_seconds=budget.seconds,
         resumed=resumed,
+        confirmations=confirmed,
+        confirm_failures={f.task.workload_key: f.error for f in failures},
     )
+
+
+def _confirm_printer(
+    progress: bool, file: TextIO | None, rounds: int
+) -> Callable[[Task, Confirmation | ConfirmFailure | None], None] | None:
+    """What ``kiln tune`` prints as each task's best candidate is confirmed (None: print nothing)."""
+    if not progress:
+        return None
+
+    def show(task: Task, outcome: Confirmation | ConfirmFailure | None) -> None:
+        if isinstance(outcome, ConfirmFailure):
+            text = f"not confirmed ({outcome.error})"
+        elif outcome is None:
+            text = "the best config found is the default (nothing to confirm)"
+        else:
+            text = f"{speedup_text(outcome)} over default"
+            if outcome is not None and not outcome.better:
+                text += ": not faster, compile keeps the default"
+        print(
+            f"confirm {task.name} ({rounds} interleaved rounds): {text}", file=file or sys.stdout, flush=True
+        )
+
+    return show
 
 
 def _raise_study_error(database: TuningDatabase, exc: Exception) -> None:
@@ -473,14 +565,33 @@ def _budget_text(budget: Budget, total_trials: int | None) -> str:
     return f"{seconds:g}s"
 
 
-def time_compiled_model(graph: Graph, target: Target, db: TuningDatabase) -> ModelTiming:
-    """Whole-model latency (median of 20 runs) compiled with default configs and with the tuned records."""
+def time_compiled_model(graph: Graph, target: Target, db: TuningDatabase, rounds: int = 5) -> ModelTiming:
+    """Whole-model latency compiled with default configs and with the tuned records, timed in ``rounds``
+    interleaved rounds (each the median of 4 runs of one model then the other, the order alternating)."""
+    import statistics
+
     inputs = random_inputs(graph, 0)
-    default = compile(graph, target).timeit(inputs, repeats=20, warmup=3)["median_us"]
+    default_model = compile(graph, target)
     tuned_model = compile(graph, target, db=db)
-    tuned = tuned_model.timeit(inputs, repeats=20, warmup=3)["median_us"]
+    for m in (default_model, tuned_model):
+        m.timeit(inputs, repeats=1, warmup=3)
+    per_round: list[tuple[float, float]] = []
+    for i in range(rounds):
+        order = (default_model, tuned_model) if i % 2 == 0 else (tuned_model, default_model)
+        times = {id(m): m.timeit(inputs, repeats=4, warmup=1)["median_us"] for m in order}
+        per_round.append((times[id(default_model)], times[id(tuned_model)]))
+    ratios = [d / t for d, t in per_round]
+    speedup = float(statistics.median(ratios))
     used = sum(1 for k in tuned_model.kernels if k.extra.get("origin") == "record")
-    return ModelTiming(default, tuned, used, len(tuned_model.kernels))
+    return ModelTiming(
+        float(statistics.median(d for d, _ in per_round)),
+        float(statistics.median(t for _, t in per_round)),
+        used,
+        len(tuned_model.kernels),
+        speedup,
+        (max(ratios) - min(ratios)) / 2 / speedup,
+        rounds,
+    )
 
 
 __all__ = ["Budget", "ModelTiming", "Resume", "TaskResult", "TuneSummary", "compile", "select_tasks", "tune"]

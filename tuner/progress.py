@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from tuner.scheduler import model_latency
@@ -17,8 +17,13 @@ def _us(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
 
 
-def task_rows(results: Sequence[TaskResult]) -> list[dict]:
-    """One table row per task (the columns of :data:`COLUMNS`)."""
+def task_rows(
+    results: Sequence[TaskResult], speedup: Callable[[TaskResult], str] | None = None
+) -> list[dict]:
+    """One table row per task (the columns of :data:`COLUMNS`). The speed-up column is ``speedup(result)``
+    (the confirmed speed-up with its spread, see :mod:`tuner.confirm`); without it, or before a task has
+    both latencies, it says ``unconfirmed`` or ``-``: a speed-up from the search's single measurements is
+    never printed as one."""
     rows = []
     for i, s in enumerate(results):
         errors = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())) or "-"
@@ -31,7 +36,9 @@ def task_rows(results: Sequence[TaskResult]) -> list[dict]:
                 "trials": s.measured,
                 "default us": _us(s.default_us),
                 "best us": _us(s.best_us),
-                "speed-up": "-" if s.speedup is None else f"{s.speedup:.2f}x",
+                "speed-up": "-"
+                if s.speedup is None
+                else (speedup(s) if speedup is not None else "unconfirmed"),
                 "errors": errors,
                 "state": "done" if s.done else "",
             }
@@ -189,7 +196,7 @@ class LiveProgress:
             print(
                 f"[{self._elapsed():6.1f}s] {tuner.task.name}: "
                 f"+{n} trials, best {_us(s.best_us)} us"
-                + (f" ({s.speedup:.2f}x over default)" if s.speedup else "")
+                + (f" (default {_us(s.default_us)} us, speed-up unconfirmed)" if s.speedup else "")
                 + f"; {budget}, ETA {'-' if eta is None else _clock(eta)}",
                 file=self.file or sys.stdout,
                 flush=True,

@@ -2,7 +2,14 @@
 
 A record is only applied to the workload and target it was measured on, by the sketch and sketch
 version that produced it, and only if its config still passes the sketch's check; anything else is
-skipped with a warning naming the record (the database does the warning; we give the reason)."""
+skipped with a warning naming the record (the database does the warning; we give the reason).
+
+The apply rule for confirmations (:mod:`tuner.confirm`): when the best valid record's config has a
+confirmation against the group's current default and it was *not* faster (median of the interleaved
+per-round ratios at most 1), the default is used and the kernel says so (``record.kept_default``); a
+confirmed faster record is applied with its speed-up and spread; a record whose config is the default
+itself is applied (``default_is_best``); any other record without a confirmation (an older database, an
+interrupted run) is applied as before and marked ``confirmed: false``."""
 
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ from compiler.backends import sketch_for
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group, group_from_workload
 from compiler.target import Target
+from tuner.confirm import matches, speedup_text
+from tuner.space import config_json
 
 
 def validator_for(group: Group, target: Target) -> Callable[[Any], str | None]:
@@ -44,7 +53,18 @@ def database_config_source(db: Any):
         rec = db.best(group.workload_key, target.key, validate=validator_for(group, target))
         if rec is None:
             return None
-        return rec.sketch, dict(rec.config), "record"
+        info: dict[str, Any] = {"id": rec.id, "median_us": rec.median_us, "confirmed": False}
+        conf = db.latest_confirmation(group.workload_key, target.key)
+        default = sketch_for(group, target).default(group, target)
+        if config_json(rec.config) == config_json(default):
+            info["default_is_best"] = True  # nothing to confirm: the record is the default config
+        elif matches(conf, rec.sketch, rec.sketch_version, rec.config, default):
+            assert conf is not None
+            info.update(confirmed=True, speedup=conf.speedup, spread=conf.spread, rounds=conf.rounds)
+            if not conf.better:
+                info["kept_default"] = f"confirmed {speedup_text(conf)} of the default: not faster"
+                return rec.sketch, None, "default", info
+        return rec.sketch, dict(rec.config), "record", info
 
     return source
 

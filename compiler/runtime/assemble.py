@@ -91,6 +91,7 @@ def assemble(plan: Any) -> CompiledModel:
                     "sketch_version": k.sketch_version,
                     "group_kind": k.group.kind,
                     "ops": [n.op for n in k.group.nodes],
+                    **({"record": k.record} if k.record is not None else {}),
                 },
             )
         )

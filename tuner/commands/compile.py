@@ -1,7 +1,13 @@
 """`kiln compile` and `kiln run`: build a model into a directory, run a compiled model.
 
 `kiln compile --db URL` / `--use-db` only reads the tuning database: one that does not exist is an error
-(never created empty). A model whose buffers do not fit in memory is refused with the bytes it needs."""
+(never created empty). A model whose buffers do not fit in memory is refused with the bytes it needs.
+
+The compile report says, per kernel that did not use a record, why: no record, or a record confirmed not
+faster than the default (:mod:`tuner.confirm`); records applied without a confirmation are counted as
+unconfirmed. When no kernel found a record for this machine's target key but the database holds records
+for other targets of the same kind (another CPU model or ISA level, another GPU), the report names them
+and says how to proceed instead of applying them."""
 
 from __future__ import annotations
 
@@ -71,22 +77,68 @@ def run_compile(args: argparse.Namespace) -> int:
     model.meta["model_source"] = args.model
     model.meta["input_shapes"] = {k: list(v) for k, v in parse_input_shapes(args.input_shape).items()}
     model.save(args.output)
-    tuned = sum(1 for k in model.kernels if k.extra.get("origin") == "record")
+    tuned = [k for k in model.kernels if k.extra.get("origin") == "record"]
+    unconfirmed = [
+        k.name
+        for k in tuned
+        if not (k.extra.get("record") or {}).get("confirmed")
+        and not (k.extra.get("record") or {}).get("default_is_best")
+    ]
+    kept = {
+        k.name: k.extra["record"]["kept_default"]
+        for k in model.kernels
+        if k.extra.get("origin") != "record" and (k.extra.get("record") or {}).get("kept_default")
+    }
     args.result = {
         "model": graph.name,
         "target": model.target.key,
         "output": args.output,
         "kernels": len(model.kernels),
-        "kernels_from_records": tuned if db is not None else None,
+        "kernels_from_records": len(tuned) if db is not None else None,
+        "unconfirmed_records": unconfirmed if db is not None else None,
+        "kept_default": kept if db is not None else None,
         "default_schedule": [k.name for k in model.kernels if k.extra.get("origin") != "record"],
+        "other_targets": None,
     }
     print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
     if db is not None:
-        print(f"coverage: {tuned} of {len(model.kernels)} kernels use tuning records")
+        print(
+            f"coverage: {len(tuned)} of {len(model.kernels)} kernels use tuning records"
+            + (f" ({len(unconfirmed)} unconfirmed)" if unconfirmed else "")
+        )
         for k in model.kernels:
-            if k.extra.get("origin") != "record" and k.workload_key:
-                print(f"  default schedule: {k.name} ({k.sketch}, workload {k.workload_key[:12]})")
+            if k.extra.get("origin") == "record":
+                info = k.extra.get("record") or {}
+                shown = "unconfirmed"
+                if info.get("confirmed"):
+                    shown = f"{info['speedup']:.2f}x (±{100 * info['spread']:.0f}%) over default"
+                elif info.get("default_is_best"):
+                    shown = "the default config is the best found"
+                print(f"  record: {k.name} ({k.sketch}, workload {k.workload_key[:12]}): {shown}")
+            elif k.name in kept:
+                print(f"  default schedule kept: {k.name} (record {kept[k.name]})")
+            elif k.workload_key:
+                print(f"  default schedule: {k.name} ({k.sketch}, workload {k.workload_key[:12]}): no record")
+        if not tuned and not kept:
+            others = _other_targets(db, model.target.key)
+            args.result["other_targets"] = others
+            if others:
+                print(
+                    f"hint: the database has records for {', '.join(others)} but this machine is "
+                    f"{model.target.key}; records are never applied to another machine class: tune here "
+                    "(kiln tune), or pass --target with one of those keys to apply its records anyway"
+                )
     return 0
+
+
+def _other_targets(db, target_key: str) -> list[str]:
+    """Target keys of the same kind as ``target_key`` that hold records in ``db`` (other machines)."""
+    kind = target_key.split("/", 1)[0]
+    return [
+        k
+        for k in db.target_keys()
+        if k != target_key and k.split("/", 1)[0] == kind and db.find_records(target_key=k, limit=1)
+    ]
 
 
 def _inputs(model, path: str | None):

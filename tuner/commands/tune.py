@@ -67,6 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="build processes (default: cores)")
     p.add_argument("--no-summary", action="store_true", help="skip the whole-model default vs tuned timing")
     p.add_argument(
+        "--confirm-rounds",
+        type=int,
+        default=5,
+        metavar="N",
+        help="at the end, measure each task's best candidate and its default again in N interleaved rounds "
+        "(default 5; 0: none): the speed-ups shown and compile's choice come from these",
+    )
+    p.add_argument(
         "--new-run",
         action="store_true",
         help="start a new run even when an unfinished run with the same arguments could be resumed",
@@ -111,6 +119,7 @@ def run_tune(args: argparse.Namespace) -> int:
         progress_file=sys.stderr if as_json else None,
         command_line=" ".join(["kiln", *args.argv]),
         resume=not args.new_run,
+        confirm_rounds=max(0, args.confirm_rounds),
     )
     plotted = _plot(summary, args) if args.plot else None
     if as_json:
@@ -118,7 +127,7 @@ def run_tune(args: argparse.Namespace) -> int:
         data["plot"] = str(plotted) if plotted else None
         print(json.dumps(data, indent=2))
         return 130 if summary.interrupted else 0
-    rows = task_rows(summary.tasks)
+    rows = task_rows(summary.tasks, summary.speedup_text)
     print_table(rows, COLUMNS, title=f"kiln tune {summary.model} on {summary.target}")
     budget = f" of {summary.budget_trials}" if summary.budget_trials is not None else ""
     print(
@@ -130,11 +139,19 @@ def run_tune(args: argparse.Namespace) -> int:
     if summary.interrupted:
         print("interrupted: every committed result is kept; rerun the same command to continue")
         return 130
+    slower = [
+        r.task.name for r in summary.tasks if (c := summary.confirmation(r)) is not None and not c.better
+    ]
+    if slower:
+        print(f"confirmed not faster than the default (compile keeps the default): {', '.join(slower)}")
+    for key, why in summary.confirm_failures.items():
+        print(f"not confirmed: task {key[:12]}: {why}")
     t = summary.timing
     if t is not None:
         print(
             f"whole model {summary.model}: default {t.default_us:,.1f} us, tuned {t.tuned_us:,.1f} us "
-            f"({t.speedup:.2f}x); {t.kernels_from_records} of {t.kernels} kernels use tuned records"
+            f"({t.speedup_text()}, {t.rounds} interleaved rounds); "
+            f"{t.kernels_from_records} of {t.kernels} kernels use tuned records"
         )
     return 0
 

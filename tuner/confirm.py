@@ -1,0 +1,151 @@
+"""Confirmed speed-ups: at the end of tuning, each task's best candidate and its default are measured again,
+interleaved, and the confirmation is stored beside the records (see :mod:`db.confirmations`).
+
+Why: a record's median comes from one measurement taken whenever the search reached it, and the default is
+measured once, first. Under load one default measured 11,944 us instead of 269 us and gave a stored
+"16.96x over default"; tuned kernels slower than their default reached compiled models. A confirmation runs
+``rounds`` rounds; each is one full measurement of the best candidate and the default through the same
+measurer, back to back, the order alternating between rounds (best first in even rounds). The speed-up is
+the median of the per-round ratios, its spread half their range.
+
+What depends on it:
+
+- ``kiln tune`` prints every "x over default" from the confirmation, with its spread (``1.42x (±3%)``),
+  and says ``unconfirmed`` where there is none yet (the live display during the search, an interrupted run);
+- compile (:func:`tuner.records.database_config_source`) applies a record only when its config was not
+  confirmed *not* better than the default: a confirmed speed-up of at most 1.0 keeps the default schedule
+  (and says so in the compile report); a record without a confirmation (older databases, interrupted runs)
+  is applied as before and reported as unconfirmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.backends.sketch import Config
+from db.records import Confirmation, ConfirmationIn
+from db.status import Status
+from tuner.space import config_json
+from tuner.task import Task
+
+DEFAULT_ROUNDS = 5
+
+
+def speedup_text(conf: Confirmation | None, is_default: bool = False) -> str:
+    """``1.42x (±3%)`` from a confirmation, ``default`` when the best config is the default itself, or
+    ``unconfirmed``."""
+    if is_default:
+        return "default"
+    if conf is None:
+        return "unconfirmed"
+    return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%)"
+
+
+def matches(conf: Confirmation | None, sketch: str, version: int, config: Config, default: Config) -> bool:
+    """Whether ``conf`` confirmed this config of this sketch version against this default."""
+    return (
+        conf is not None
+        and conf.sketch == sketch
+        and conf.sketch_version == version
+        and config_json(conf.config) == config_json(config)
+        and config_json(conf.default_config) == config_json(default)
+    )
+
+
+@dataclass(frozen=True)
+class ConfirmFailure:
+    """A confirmation that could not be made: a round's measurement of either config was not ok."""
+
+    task: Task
+    error: str
+
+
+def measure_rounds(
+    task: Task, config: Config, measurer: Any, rounds: int = DEFAULT_ROUNDS
+) -> tuple[list[float], list[float]] | str:
+    """Measure ``config`` and the task's default in ``rounds`` interleaved rounds through ``measurer``;
+    return (best medians, default medians) per round, or the error of the first round that failed."""
+    from tuner.measure import MeasureInput
+
+    default = task.default()
+    best_rounds: list[float] = []
+    default_rounds: list[float] = []
+    for i in range(rounds):
+        best_first = i % 2 == 0
+        pair = [MeasureInput(task, dict(config)), MeasureInput(task, dict(default))]
+        results = measurer.measure(pair if best_first else pair[::-1])
+        best, dflt = results if best_first else results[::-1]
+        for name, r in (("the best candidate", best), ("the default", dflt)):
+            if r.status != Status.OK or r.median_us is None or r.median_us <= 0:
+                return f"round {i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
+        best_rounds.append(float(best.median_us))
+        default_rounds.append(float(dflt.median_us))
+    return best_rounds, default_rounds
+
+
+def confirm_tasks(
+    tasks: Sequence[tuple[Task, Config | None]],
+    db: Any,
+    measurer: Any,
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    run_id: int | None = None,
+    on_task: Callable[[Task, Confirmation | ConfirmFailure | None], None] | None = None,
+) -> tuple[dict[str, Confirmation], list[ConfirmFailure]]:
+    """Confirm each task's best config (tasks without one are skipped) and commit the confirmations.
+
+    A task whose latest confirmation already covers the same config and default is not measured again;
+    one whose best config is its default has nothing to confirm (``on_task`` gets None). Returns the
+    confirmation of each confirmed task (by workload key) and the failures.
+    """
+    keys = [t.workload_key for t, c in tasks if c is not None]
+    target_keys = {t.target.key for t, _ in tasks}
+    latest: dict[str, Confirmation] = {}
+    for tk in target_keys:
+        latest.update(db.latest_confirmations([k for k in keys], tk))
+    done: dict[str, Confirmation] = {}
+    failures: list[ConfirmFailure] = []
+    for task, config in tasks:
+        if config is None:
+            continue
+        if config_json(config) == config_json(task.default()):
+            if on_task is not None:
+                on_task(task, None)
+            continue
+        known = latest.get(task.workload_key)
+        if matches(known, task.sketch.name, task.sketch.version, config, task.default()):
+            assert known is not None
+            done[task.workload_key] = known
+            if on_task is not None:
+                on_task(task, known)
+            continue
+        measured = measure_rounds(task, config, measurer, rounds)
+        if isinstance(measured, str):
+            failure = ConfirmFailure(task, measured)
+            failures.append(failure)
+            if on_task is not None:
+                on_task(task, failure)
+            continue
+        best_rounds, default_rounds = measured
+        conf_in = ConfirmationIn(
+            task.workload_key,
+            task.target.key,
+            task.sketch.name,
+            task.sketch.version,
+            dict(config),
+            dict(task.default()),
+            best_rounds,
+            default_rounds,
+            run_id,
+        )
+        db.commit_confirmation(conf_in)
+        conf = db.latest_confirmation(task.workload_key, task.target.key)
+        done[task.workload_key] = conf
+        if on_task is not None:
+            on_task(task, conf)
+    return done, failures
+
+
+__all__ = ["DEFAULT_ROUNDS", "ConfirmFailure", "confirm_tasks", "matches", "measure_rounds", "speedup_text"]
