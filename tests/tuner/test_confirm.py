@@ -98,6 +98,8 @@ def test_a_noisy_default_gives_a_confirmed_speedup_not_the_stored_one(url: str) 
     assert summary.speedup_text(result) == "1.34x (±0%)"
     task_json = summary.to_json()["tasks"][0]
     assert task_json["speedup"] == pytest.approx(269 / 200) and task_json["confirmation"]["rounds"] == 5
+    out = kiln("query", "best", "--model", "softmax", "--target", "cpu", "--db", url, "--format", "json")
+    assert [r["vs_default"] for r in json.loads(out.stdout)] == ["1.34x (±0%)"]
     model = tuner.compile("softmax", "cpu", db=url)
     (kernel,) = model.kernels
     assert kernel.extra["origin"] == "record" and kernel.config == good
@@ -138,6 +140,8 @@ def test_records_without_a_confirmation_are_applied_and_marked_unconfirmed(url: 
         "g0_reduce_max"
     ]
     assert "coverage: 1 of 1 kernels use tuning records (1 unconfirmed)" in out.stderr
+    out = kiln("query", "best", "--model", "softmax", "--target", "cpu", "--db", url, "--format", "json")
+    assert [r["vs_default"] for r in json.loads(out.stdout)] == ["unconfirmed"]
     assert speedup_text(None) == "unconfirmed"
 
 

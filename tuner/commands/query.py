@@ -147,6 +147,7 @@ def _query_best(args: argparse.Namespace) -> int:
         else:
             tasks = [(db.resolve_workload(args.workload), 1.0)]
         best = db.best_many([k for k, _ in tasks], target, validate=workload_validator(db, target))
+        confirmed = db.latest_confirmations(list(best), target)
         kinds = {w.key: w.kind for w in db.workloads(args.model)} if args.model else {}
     rows = []
     for key, weight in tasks:
@@ -159,11 +160,22 @@ def _query_best(args: argparse.Namespace) -> int:
                 "sketch": rec.sketch if rec else None,
                 "version": rec.sketch_version if rec else None,
                 "median_us": rec.median_us if rec else None,
+                "vs_default": _vs_default(rec, confirmed.get(key)) if rec else None,
                 "config": rec.config if rec else None,
                 "record": rec.id if rec else None,
             }
         )
-    columns = ["workload", "kind", "weight", "sketch", "version", "median_us", "config", "record"]
+    columns = [
+        "workload",
+        "kind",
+        "weight",
+        "sketch",
+        "version",
+        "median_us",
+        "vs_default",
+        "config",
+        "record",
+    ]
     if not args.model:
         columns.remove("kind")
         columns.remove("weight")
@@ -172,6 +184,20 @@ def _query_best(args: argparse.Namespace) -> int:
         tuned = sum(1 for key, _ in tasks if key in best)
         print(f"\n{tuned}/{len(tasks)} tasks tuned on {target}")
     return 0
+
+
+def _vs_default(rec, conf) -> str:  # type: ignore[no-untyped-def]
+    """The record's speed-up over the default from the confirmation of its config (``1.42x (±3%)``), or
+    ``unconfirmed``: a speed-up from the search's single measurements is never shown as one."""
+    from tuner.confirm import speedup_text
+
+    same = (
+        conf is not None
+        and conf.sketch == rec.sketch
+        and conf.sketch_version == rec.sketch_version
+        and conf.config == rec.config
+    )
+    return speedup_text(conf if same else None)
 
 
 def _query_records(args: argparse.Namespace) -> int:
