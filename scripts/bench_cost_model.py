@@ -14,8 +14,8 @@ for it, and every later run (any method, any seed) gets the same latency, so met
 landscape; trial counts are still counted per run. The target is this CPU with ``--threads`` cores
 (default 1: with two OpenMP threads on this shared 2-core machine a parallel kernel waits for a
 descheduled sibling whenever another job runs, and is measured 10-50x slow), so records, features and the
-analytic model all describe a 1-thread target (key ``cpu/x86_64/<cpu>/1``). Timing: a batch is built once
-and run at least twice (15 samples of >= 2 ms each, median), and each candidate keeps its pass with the
+analytic model all describe a 1-thread target (key ``cpu/x86_64/<cpu>/<isa>/1``). Timing: a batch is built
+once and run at least twice (15 samples of >= 2 ms each, median), and each candidate keeps its pass with the
 lowest median; a pass during which other processes kept more than half a core busy (/proc/stat) does
 not count, and the batch is run again after a 1 s pause (up to 5 passes). Without this, a few
 percent of the records came out 1.5-4x slow (a whole record measured while another job ran).
