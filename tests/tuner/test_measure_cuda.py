@@ -152,7 +152,11 @@ def test_without_cupy_the_builder_and_runner_say_so_in_one_line(monkeypatch):
 def test_tune_query_compile_run_for_cuda_on_the_fake_gpu(fake_gpu, tmp_path):
     url = f"sqlite:///{tmp_path / 'k.db'}"
     with measurer() as m:
-        summary = tuner.tune("softmax", "cuda", url, 4, batch=2, measurer=m, time_model=False, seed=1)
+        # no confirmation rounds: the fake GPU's wall-clock timings could confirm the best record slower
+        # than the default, and this test is about the record reaching the compiled model
+        summary = tuner.tune(
+            "softmax", "cuda", url, 4, batch=2, measurer=m, time_model=False, seed=1, confirm_rounds=0
+        )
     (task,) = summary.tasks
     with TuningDatabase.open(url) as db:
         records = db.find_records(task.task.workload_key, summary.target)
