@@ -98,7 +98,22 @@ def test_run_check_on_a_compiled_onnx_model(files, tmp_path):
 def tuned(files, tmp_path_factory) -> tuple[str, str]:
     """A database with `kiln tune` records for the MLP file, and what kiln tune printed."""
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'k.db'}"
-    out = ok(kiln("tune", "--model", files["mlp"], "--trials", "6", "--batch", "3", "--db", url))
+    # no confirmation rounds: real timings on a loaded machine may keep a default (see test_confirm.py)
+    out = ok(
+        kiln(
+            "tune",
+            "--model",
+            files["mlp"],
+            "--trials",
+            "6",
+            "--batch",
+            "3",
+            "--db",
+            url,
+            "--confirm-rounds",
+            "0",
+        )
+    )
     return url, out
 
 
@@ -135,6 +150,20 @@ def test_dynamic_dimension_needs_input_shape(files, tmp_path):
     ok(kiln("compile", "--model", files["dyn"], *shape, "-o", str(tmp_path / "dyn")))
     run_and_compare(tmp_path / "dyn", files["dyn"], tmp_path, shapes={"x": (3, 32)})
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    ok(kiln("tune", "--model", files["dyn"], *shape, "--trials", "2", "--db", url, "--no-summary"))
+    ok(
+        kiln(
+            "tune",
+            "--model",
+            files["dyn"],
+            *shape,
+            "--trials",
+            "2",
+            "--db",
+            url,
+            "--no-summary",
+            "--confirm-rounds",
+            "0",
+        )
+    )
     comp = ok(kiln("compile", "--model", files["dyn"], *shape, "--db", url, "-o", str(tmp_path / "t")))
     assert "coverage: 1 of 1 kernels use tuning records" in comp

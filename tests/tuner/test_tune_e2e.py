@@ -25,7 +25,11 @@ CPU = Target.host()
 
 def test_tune_query_compile_and_resume(tmp_path):
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    out = kiln("tune", "--model", "rmsnorm", "--trials", "10", "--batch", "5", "--db", url)
+    # no confirmation rounds: on a loaded machine they may keep the default (see the next test), and
+    # this test is about records flowing from tune to query and compile
+    out = kiln(
+        "tune", "--model", "rmsnorm", "--trials", "10", "--batch", "5", "--db", url, "--confirm-rounds", "0"
+    )
     assert out.returncode == 0, out.stderr
     assert "whole model rmsnorm" in out.stdout
     with TuningDatabase.open(url) as db:
