@@ -144,7 +144,7 @@ def plan_model(
                         group.workload_key[:12],
                         exc,
                     )
-                    info = {**(info or {}), "kept_default": f"the record no longer builds: {exc}"}
+                    info = {**(info or {}), "kept_default": f"no longer builds: {exc}"}
         kernel = kernel_for(group, target)
         kernel.record = info
         kernels.append(kernel)

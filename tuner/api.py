@@ -461,7 +461,7 @@ def _confirm_printer(
             text = "the best config found is the default (nothing to confirm)"
         else:
             text = f"{speedup_text(outcome)} over default"
-            if outcome is not None and not outcome.better:
+            if not outcome.better:
                 text += ": not faster, compile keeps the default"
         print(
             f"confirm {task.name} ({rounds} interleaved rounds): {text}", file=file or sys.stdout, flush=True
