@@ -185,3 +185,30 @@ def test_importing_the_cli_is_cheap() -> None:
     assert done.returncode == 0 and "coverage" in done.stdout and "records" in done.stdout
     done = kiln("db", "--help")
     assert all(word in done.stdout for word in ("upgrade", "export", "import", "merge", "prune"))
+
+
+def test_export_import_merge_report_malformed_rows_in_one_line_each(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sqlalchemy import text
+
+    _fill(url)
+    with TuningDatabase.open(url) as db, db.engine.begin() as conn:
+        conn.execute(text("UPDATE kiln_records SET config = 'not json' WHERE id = 2"))
+    export = tmp_path / "all.jsonl"
+    status, _, err = _run(capsys, "db", "export", str(export), "--db", url)
+    assert status == 0 and "exported 3 records" in err and "1 malformed rows skipped" in err
+    assert "skipped: record 2 of workload" in err and "Traceback" not in err
+    with export.open("a") as f:
+        f.write("{not json\n")
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    status, out, err = _run(capsys, "db", "import", str(export), "--db", other)
+    assert status == 0 and "3 records added" in out and "1 malformed lines skipped" in out
+    assert f"skipped: {export}:" in err and "not valid JSON" in err
+    status, _, err = _run(
+        capsys, "db", "import", str(export), "--strict", "--db", f"sqlite:///{tmp_path / 's.db'}"
+    )
+    assert status == 2 and "not valid JSON" in err and len(err.strip().splitlines()) == 1
+    status, out, err = _run(capsys, "db", "merge", url, "--db", f"sqlite:///{tmp_path / 'merged.db'}")
+    assert status == 0 and "3 records added" in out and "1 malformed rows skipped" in out
+    assert "skipped: " in err and "record 2 " in err
