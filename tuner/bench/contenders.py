@@ -1,9 +1,9 @@
 """The contenders `kiln bench` times: Kiln (default schedules, tuned records) and its peers.
 
-CPU: ``kiln default``, ``kiln tuned`` (best records of ``--db``), ``numpy``, ``onnxruntime``,
-``torch eager``, ``torch.compile``. CUDA: ``kiln``, ``kiln tuned``, ``torch eager``, ``torch.compile``,
-``torch.compile max-autotune``, ``cupy`` (cuBLAS, for a workload that is one matrix product). Peers whose package is not
-installed are reported as unavailable, with the package to install.
+CPU: ``kiln default``, ``kiln tuned`` (best records of ``--db``), ``numpy``, ``onnxruntime``, ``torch
+eager``, ``torch.compile``. CUDA: ``kiln``, ``kiln tuned``, ``torch eager``, ``torch.compile``,
+``torch.compile max-autotune``, ``cupy`` (cuBLAS, for a workload that is one matrix product). Peers whose
+package is not installed are reported as unavailable, with the package to install.
 
 Every contender states in :attr:`Contender.note` what it does about threads and output buffers; the report
 prints those notes. On the CPU every contender gets the same ``threads``: Kiln's OpenMP threads,

@@ -1,9 +1,9 @@
 """Benchmark runs and results (`kiln bench`): ``kiln_bench_runs`` and ``kiln_bench_results``.
 
-New tables only: a bench run (suite, target key, command line, host, Kiln version and git commit,
-the environment fingerprint, settings and ceilings as canonical JSON, load averages, start and end) and one row per
-(run, workload, contender) with every timed sample, the round medians, the check against the reference and the
-graph's FLOPs and bytes.
+New tables only: a bench run (suite, target key, command line, host, Kiln version and git commit, the
+environment fingerprint, settings and ceilings as canonical JSON, load averages, start and end) and one row
+per (run, workload, contender) with every timed sample, the round medians, the check against the reference
+and the graph's FLOPs and bytes.
 
 Revision ID: 0003_bench
 Revises: 0002
