@@ -138,9 +138,8 @@ def interleave(
     clocks = clocks or {}
     slowdown = slowdown or {}
     out = {name: Timed() for name in names}
-    for r in range(rounds):
-        k = r % len(names) if names else 0
-        for name in names[k:] + names[:k]:
+    for order in rotated_orders(names, rounds):
+        for name in order:
             clock = clocks.get(name, PERF_CLOCK)
             out[name].rounds.append(_round(calls[name], clock, min_time, max_calls, slowdown.get(name, 1.0)))
     return out
