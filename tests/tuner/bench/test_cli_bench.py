@@ -34,7 +34,8 @@ def fake_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("KILN_BENCH_SLOWDOWN", raising=False)
     path = tmp_path / "fake.toml"
     path.write_text(
-        'contenders = ["fake kiln", "fake peer"]\nrounds = 5\nmin_time = 0.02\n[[workload]]\nmodel = "softmax"\n'
+        'contenders = ["fake kiln", "fake peer"]\nrounds = 5\nmin_time = 0.02\n'
+        '[[workload]]\nmodel = "softmax"\n'
     )
     return path
 

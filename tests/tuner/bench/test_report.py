@@ -22,7 +22,8 @@ def _run(kiln_us: float = 1000.0):  # type: ignore[no-untyped-def]
     suite = Suite("t", (Workload("softmax", "softmax"), Workload("matmul", "matmul")))
     run = run_suite(
         suite, contenders, BenchContext("cpu", 2), target_key="cpu/test",
-        environment={"cpu": {"model": "Test CPU", "isa": ["avx2"], "threads": 2}, "libraries": {"numpy": "2"}},
+        environment={"cpu": {"model": "Test CPU", "isa": ["avx2"], "threads": 2},
+                     "libraries": {"numpy": "2"}},
         settings={"rounds": 4, "min_time": 0.01, "threads": 2, "tuning": [
             {"workload": "softmax", "runs": 1, "measured": 37, "ok": 30, "seconds": 10.0}]},
         command_line="bench --suite t", measure_ceilings=False, log=io.StringIO(),

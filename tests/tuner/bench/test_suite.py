@@ -24,7 +24,7 @@ def test_onnx_folder(tmp_path: Path) -> None:
     assert [w.name for w in suite.workloads] == ["a", "b"]
     assert suite.workloads[0].onnx_path == tmp_path / "a.onnx"
     (tmp_path / "empty").mkdir()
-    with pytest.raises(KilnError, match="no \\*.onnx file"):
+    with pytest.raises(KilnError, match=r"no \*\.onnx file"):
         builtin_suite("onnx", str(tmp_path / "empty"))
     with pytest.raises(KilnError, match="not a folder"):
         builtin_suite("onnx", str(tmp_path / "missing"))
