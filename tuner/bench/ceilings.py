@@ -149,3 +149,34 @@ class SgemmCeiling:
 
     def gflops(self, call_us: float) -> float:
         return 2 * self.n**3 / (call_us * 1e-6) / 1e9
+
+
+def cuda_ceilings(copy_mib: int = 1024, n: int = 4096, rounds: int = 5) -> dict[str, float]:
+    """The GPU's ceilings: device-to-device copy (GB/s, read + written) of ``copy_mib`` MiB and cuBLAS
+    SGEMM through ``cupy.matmul`` on n^3 (TF32 off: CuPy's default), timed with CUDA events."""
+    import cupy as cp
+
+    def span_ms(fn) -> float:  # type: ignore[no-untyped-def]
+        fn()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        times = []
+        for _ in range(rounds):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end))
+        return statistics.median(times)
+
+    a = cp.ones(copy_mib * (1 << 20) // 4, cp.float32)
+    b = cp.empty_like(a)
+    copy_ms = span_ms(lambda: b.__setitem__(Ellipsis, a))
+    x = cp.random.standard_normal((n, n), dtype=cp.float32)
+    y = cp.random.standard_normal((n, n), dtype=cp.float32)
+    z = cp.empty((n, n), cp.float32)
+    mm_ms = span_ms(lambda: cp.matmul(x, y, out=z))
+    return {
+        "copy_dram_gbs": 2 * a.nbytes / (copy_ms * 1e-3) / 1e9,
+        "copy_dram_set_bytes": float(2 * a.nbytes),
+        "sgemm_gflops": 2 * n**3 / (mm_ms * 1e-3) / 1e9,
+    }

@@ -101,13 +101,16 @@ def _missing(module: str, extra: str) -> str | None:
 class KilnContender(Contender):
     """Kiln's compiled model: default schedules, or the best records of the run's database (``tuned``)."""
 
-    def __init__(self, tuned: bool, name: str | None = None) -> None:
+    def __init__(self, tuned: bool, name: str | None = None, cuda_graph: bool = False) -> None:
         self.tuned = tuned
+        self.cuda_graph = cuda_graph
         self.name = name or ("kiln tuned" if tuned else "kiln default")
-        self.note = (
-            f"{'best tuning records of --db' if tuned else 'default schedules'}; OpenMP with the run's "
-            "threads; outputs in the model's own preallocated buffers"
-        )
+        schedules = "best tuning records of --db" if tuned else "default schedules"
+        if name is None or not name.startswith("kiln") or name in ("kiln default", "kiln tuned"):
+            how = "OpenMP with the run's threads"
+        else:
+            how = "inputs on the device" + (", one CUDA Graph replay per call" if cuda_graph else "")
+        self.note = f"{schedules}; {how}; outputs in the model's own preallocated buffers"
 
     def unavailable(self, ctx: BenchContext) -> str | None:
         if self.tuned and ctx.db is None:
@@ -130,7 +133,7 @@ class KilnContender(Contender):
             dev = [cp.asarray(x) for x in workload.inputs]
 
             def run_cuda() -> Sequence[Any]:
-                out = model.run_device(dev)
+                out = model.run_device(dev, cuda_graph=self.cuda_graph)
                 cp.cuda.Device().synchronize()
                 return out
 
@@ -316,7 +319,9 @@ CPU_CONTENDERS: dict[str, Callable[[], Contender]] = {
 }
 CUDA_CONTENDERS: dict[str, Callable[[], Contender]] = {
     "kiln": lambda: KilnContender(tuned=False, name="kiln"),
-    "kiln tuned": lambda: KilnContender(tuned=True),
+    "kiln graph": lambda: KilnContender(tuned=False, name="kiln graph", cuda_graph=True),
+    "kiln tuned": lambda: KilnContender(tuned=True, name="kiln tuned"),
+    "kiln tuned graph": lambda: KilnContender(tuned=True, name="kiln tuned graph", cuda_graph=True),
     "torch eager": lambda: TorchContender(None, "cuda"),
     "torch.compile": lambda: TorchContender("default", "cuda"),
     "torch.compile max-autotune": lambda: TorchContender("max-autotune", "cuda"),

@@ -155,8 +155,10 @@ def run_suite(
             for r in results.values()
         )
         print(f"{w.name}: {line}", file=log, flush=True)
-    if measure_ceilings and ctx.target == "cpu":
-        run.ceilings = ceilings.machine_ceilings(ctx.threads)
+    if measure_ceilings:
+        run.ceilings = (
+            ceilings.machine_ceilings(ctx.threads) if ctx.target == "cpu" else ceilings.cuda_ceilings()
+        )
     run.load_after = load_average()
     run.finished_at = datetime.now(UTC).replace(tzinfo=None)
     return run

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import sys
 from pathlib import Path
@@ -236,6 +237,7 @@ def _tune(suite: Any, target: str, db: Any, trials_per_task: int) -> None:
         graph = load_model(w.model, w.input_shapes or None)
         print(f"{w.name}: tuning, {trials_per_task} trials per task", file=sys.stderr, flush=True)
         summary = tune(graph, target, db, Budget(trials_per_task=trials_per_task), early_stop=None)
+        gc.collect()  # the run's measurement pools close now, not at interpreter exit
         print(f"{w.name}: {summary.stored} records stored under tuning run {summary.run_id}", file=sys.stderr)
 
 
