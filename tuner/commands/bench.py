@@ -253,6 +253,8 @@ def _write_outputs(run: Any, args: argparse.Namespace, db: Any) -> None:
         report.bars_chart(run, Path(args.plot))
         print(f"wrote {args.plot}", file=sys.stderr)
     if getattr(args, "history", None):
+        if db is None:
+            raise KilnError("--history reads the suite's stored runs: give --db (or a run id, not a file)")
         runs = storage.history(db, run.suite, run.target_key)
         if run.id is None:
             runs.append(run)
@@ -352,6 +354,8 @@ def run_report(args: argparse.Namespace) -> int:
 
     with contextlib.ExitStack() as stack:
         run = _load(args.run, args, stack)
+        if args.history and getattr(args, "_db", None) is None:
+            args._db = stack.enter_context(open_database(args, create=False))
         if not args.out:
             sys.stdout.write(report.markdown(run))
             args.out = None
