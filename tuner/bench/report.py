@@ -120,9 +120,15 @@ def markdown(run: BenchRun, command: str | None = None) -> str:
     lines.append(
         f"Machine: {describe(env)}; {date}. Kiln {env.get('kiln_version')} "
         f"(git {env.get('git_commit') or 'unknown'}); Python {env.get('python')}; {libs}."
-        + "".join(
-            f" numpy's BLAS: {b.get('internal_api')} {b.get('version')}, {b.get('architecture')} kernels."
-            for b in env.get("blas", [])
+        + (
+            " BLAS libraries loaded (threadpoolctl): "
+            + ", ".join(
+                f"{b.get('internal_api')} {b.get('version')} ({b.get('architecture')} kernels)"
+                for b in env["blas"]
+            )
+            + "."
+            if env.get("blas")
+            else ""
         )
     )
     lb, la = run.load_before, run.load_after
