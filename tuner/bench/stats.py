@@ -9,8 +9,9 @@ velocity's ``asv compare``:
 * ``ratio`` = new median / baseline median (above 1: slower);
 * a two-sided Mann-Whitney U test on the two runs' round medians (rounds are the independent samples; the
   calls inside one round are not) gives ``p``;
-* a 95% bootstrap interval (``scipy.stats.bootstrap``, percentile method, fixed seed) of the ratio of the
-  medians, resampling every call of each run;
+* a 95% bootstrap interval (``scipy.stats.bootstrap``, percentile method, fixed seed) of that same ratio,
+  resampling each run's round medians (the calls of a round are not independent: resampling them would
+  give an interval far too narrow, and one that need not contain the ratio of the round medians);
 * **regression** when ``p < alpha``, the interval lies above 1 and ``ratio > 1 + threshold``;
   **improvement** when ``p < alpha``, the interval lies below 1 and ``ratio < 1 / (1 + threshold)``;
   otherwise **no significant change** (a ratio past the threshold that the test does not support is
@@ -126,9 +127,7 @@ def compare(
         return Verdict(workload, contender, NOT_COMPARED, reason="no samples in one of the runs")
     b, n = statistics.median(base_med), statistics.median(new_med)
     ratio = n / b
-    base_all = [s for r in baseline_rounds for s in r]
-    new_all = [s for r in new_rounds for s in r]
-    low, high = ratio_interval(base_all, new_all)
+    low, high = ratio_interval(base_med, new_med)
     if min(len(base_med), len(new_med)) < 4:
         return Verdict(
             workload, contender, NOT_COMPARED, b, n, ratio, low, high, None,
