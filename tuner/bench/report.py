@@ -276,6 +276,8 @@ def bars_chart(run: BenchRun, path: Path) -> None:
 def history_chart(runs: Sequence[BenchRun], path: Path) -> None:
     """Each workload's median per contender over the runs (x: run id), one panel per workload."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     workloads = list(dict.fromkeys(w for run in runs for w in run.workloads))
     contenders = list(dict.fromkeys(c for run in runs for c in run.contenders))
     cols = min(3, max(1, len(workloads)))
@@ -287,6 +289,8 @@ def history_chart(runs: Sequence[BenchRun], path: Path) -> None:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=c)
         ax.set_title(w, fontsize=9)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("bench run")
         ax.set_ylabel("median us")
     for ax in list(axes.flat)[len(workloads) :]:
