@@ -193,3 +193,52 @@ class ConfirmationRow(Base):
     host: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime)
     fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+
+
+class BenchRunRow(Base):
+    """One ``kiln bench`` run: a suite timed on a target, its settings, the environment it ran in (CPU model
+    and ISA flags, GPU, Kiln version and git commit, library versions), the machine's load and the
+    ceilings measured in the same run. ``environment``, ``settings`` and ``ceilings`` are canonical JSON."""
+
+    __tablename__ = "kiln_bench_runs"
+    __table_args__ = (Index("ix_kiln_bench_runs_suite", "suite", "target_key", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    suite: Mapped[str] = mapped_column(String(255))
+    target_key: Mapped[str] = mapped_column(String(255))
+    command_line: Mapped[str] = mapped_column(Text)
+    host: Mapped[str] = mapped_column(String(255))
+    kiln_version: Mapped[str] = mapped_column(String(32))
+    git_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    environment: Mapped[str] = mapped_column(Text)
+    settings: Mapped[str] = mapped_column(Text)
+    ceilings: Mapped[str] = mapped_column(Text)
+    load_before: Mapped[float | None] = mapped_column(Double, nullable=True)
+    load_after: Mapped[float | None] = mapped_column(Double, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class BenchResultRow(Base):
+    """One contender on one workload of a bench run: every timed sample (microseconds, JSON), the median of
+    each round, the check against the reference, and what the graph says the workload costs."""
+
+    __tablename__ = "kiln_bench_results"
+    __table_args__ = (
+        UniqueConstraint("run_id", "workload", "contender"),
+        Index("ix_kiln_bench_results_workload", "workload", "contender"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("kiln_bench_runs.id", ondelete="CASCADE"))
+    workload: Mapped[str] = mapped_column(String(255))
+    contender: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(32))
+    median_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    samples: Mapped[str] = mapped_column(Text)
+    round_medians: Mapped[str] = mapped_column(Text)
+    max_rel_err: Mapped[float | None] = mapped_column(Double, nullable=True)
+    flops: Mapped[float] = mapped_column(Double)
+    bytes: Mapped[float] = mapped_column(Double)
+    note: Mapped[str] = mapped_column(Text)
+    info: Mapped[str] = mapped_column(Text)

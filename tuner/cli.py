@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "tuner.commands.cost_model",
     "tuner.commands.query",
     "tuner.commands.db",
+    "tuner.commands.bench",
 )
 
 DISTRIBUTION = "kiln-tuner"

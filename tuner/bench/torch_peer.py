@@ -1,43 +1,32 @@
-"""A Kiln graph as a torch function (the torch eager / torch.compile peer). Composite ops map to torch's
-own fused ops (softmax, layer_norm, gelu, linear), so torch is measured at its best."""
+"""A Kiln graph as a torch function: the torch eager / torch.compile contenders of `kiln bench`.
+
+Composite ops map to torch's own fused ops (softmax, layer_norm, gelu, linear), so torch is measured at its
+best. :func:`params_as_inputs` turns a graph's params into inputs (so torch gets them as device tensors on
+a GPU)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
 
-def eager_and_compiled(fn, args, label: str, compile_mode: str | None = "default") -> dict[str, Callable]:
-    """``fn(*args)`` without autograd as the "torch eager" contender and, unless ``compile_mode`` is None,
-    ``torch.compile(fn)`` (warmed up) as "torch.compile". torch.compile needs a working C++ toolchain: a
-    failure is printed with ``label`` and that contender left out, never raised."""
-    import torch
+def params_as_inputs(graph):  # type: ignore[no-untyped-def]
+    """The same graph with its params turned into inputs (after the original inputs)."""
+    from compiler.builder import GraphBuilder
 
-    def eager():
-        with torch.no_grad():
-            return fn(*args)
-
-    out: dict[str, Callable] = {"torch eager": eager}
-    if compile_mode is None:
-        return out
-    try:
-        compiled = torch.compile(fn, mode=None if compile_mode == "default" else compile_mode)
-        with torch.no_grad():
-            compiled(*args)
-
-        def comp():
-            with torch.no_grad():
-                return compiled(*args)
-
-        out["torch.compile"] = comp
-    except Exception as exc:
-        print(f"  torch.compile failed on {label}: {type(exc).__name__}: {str(exc)[:160]}")
-    return out
+    b = GraphBuilder(graph.name)
+    env = {}
+    for v in [*graph.inputs, *graph.params]:
+        env[v] = b.input(v.name or f"v{len(env)}", v.shape, v.dtype)
+    for n in graph.nodes:
+        env[n.output] = b.add_node(n.op, [env[v] for v in n.inputs], n.attrs, n.name)
+    return b.build([env[v] for v in graph.outputs])
 
 
-def graph_to_torch(graph):
+def graph_to_torch(graph):  # type: ignore[no-untyped-def]
+    """``fn(*inputs)`` computing ``graph`` with torch ops (params become constant tensors); an op torch
+    has no mapping for raises NotImplementedError naming it."""
     import torch
     import torch.nn.functional as F
 
