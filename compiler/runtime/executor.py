@@ -16,8 +16,13 @@ module, allocating host or device buffers, binding the checked inputs, launching
 Calling conventions, the same on every backend:
 
 * ``run(inputs)`` takes a list in input order or a dict by name and returns numpy arrays that are never
-  overwritten by a later call; ``run(inputs, out=[...])`` writes into caller arrays and returns them;
-  ``run(inputs, copy=False)`` may return the model's own output arrays (valid until the next call).
+  overwritten by a later call. The last kernels write straight into them (no copy pass): they come from an
+  :class:`OutputPool`, which hands back an array of an earlier call only once nothing outside the pool
+  refers to it any more (the caller dropped it and every view of it), so a loop ``y = model.run(x)``
+  allocates nothing after its first calls and never touches an array the caller still holds.
+* ``run(inputs, out=[...])`` writes into caller arrays and returns them (binding output arrays: the same
+  arrays passed again cost no new allocation); ``run(inputs, copy=False)`` may return the model's own
+  output arrays (valid until the next call).
 * ``timeit(inputs, repeats, warmup)`` returns microseconds: median, min, mean and every sample.
 * ``CompiledModel.from_funcs(...)`` and ``CompiledModel.load(dir)`` called on this class pick the
   backend's subclass from the target (default: the host CPU) or the saved manifest.
@@ -26,6 +31,7 @@ Calling conventions, the same on every backend:
 from __future__ import annotations
 
 import statistics
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +87,51 @@ def describe(dtype: Any, shape: Sequence[int]) -> str:
 Inputs = Sequence[Any] | Mapping[str, Any]
 
 
+def _pool_refcount() -> int:
+    """``sys.getrefcount`` of an array held only by an :class:`OutputPool`, seen from its ``take`` loop
+    (measured, not assumed: the count differs between Python versions)."""
+    held = [np.empty(0)]
+    for arr in held:
+        return sys.getrefcount(arr)
+    raise AssertionError
+
+
+class OutputPool:
+    """Output arrays for calls that return fresh arrays without copying: ``take()`` gives one array per
+    output (shape and dtype from ``specs``), reusing an array of an earlier call only when nothing but the
+    pool refers to it (no caller variable, no view, no torch tensor sharing it), else allocating a new one.
+    The pool keeps the ``depth`` most recent arrays of each output, so ``y = model.run(x)`` in a loop (the
+    previous ``y`` is still alive during the call) cycles through two arrays per output.
+    ``take()`` also returns each array's data address (``arr.ctypes.data`` costs ~1 us per call)."""
+
+    FREE = _pool_refcount()
+
+    def __init__(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]], depth: int = 2) -> None:
+        self.specs = [(tuple(shape), np.dtype(dt)) for shape, dt in specs]
+        self.depth = depth
+        self._held: list[list[np.ndarray]] = [[] for _ in self.specs]
+        self._ptrs: list[dict[int, int]] = [{} for _ in self.specs]
+
+    def take(self) -> tuple[list[np.ndarray], list[int]]:
+        arrays, ptrs = [], []
+        free = self.FREE
+        for (shape, dt), held, addr in zip(self.specs, self._held, self._ptrs):
+            found = None
+            for arr in held:
+                if sys.getrefcount(arr) <= free:
+                    found = arr
+                    break
+            if found is None:
+                found = np.empty(shape, dt)
+                if len(held) >= self.depth:
+                    addr.pop(id(held.pop(0)), None)
+                held.append(found)
+                addr[id(found)] = found.ctypes.data
+            arrays.append(found)
+            ptrs.append(addr[id(found)])
+        return arrays, ptrs
+
+
 class CompiledModel(ABC):
     """A compiled model; see the module docstring. Subclasses set ``backend`` (the ``Target.kind`` they
     run, which also names the save format) and ``source_name`` (the saved source file), and implement
@@ -123,6 +174,10 @@ class CompiledModel(ABC):
             for i in ids:
                 if i not in self.by_id or self.by_id[i].role != role:
                     raise KilnError(f"buffer id {i} is not an {role} buffer")
+        self._input_types = [
+            (n, np.dtype(to_numpy(self.by_id[i].dtype)), tuple(self.by_id[i].shape))
+            for n, i in zip(self.input_names, self.inputs)
+        ]
         self.params: dict[int, np.ndarray] = {}
         for b in self.buffers:
             if b.role == "param" and b.alias_of is None:
@@ -227,12 +282,10 @@ class CompiledModel(ABC):
                     f"{self.name}: expected {len(self.inputs)} input(s) {self.input_names}, got {len(values)}"
                 )
         checked = []
-        for name, i, v in zip(self.input_names, self.inputs, values):
-            spec = self.by_id[i]
+        for (name, want, shape), v in zip(self._input_types, values):
             arr = self._as_input(v)
-            want = to_numpy(spec.dtype)
-            if np.dtype(arr.dtype) != want or tuple(arr.shape) != spec.shape:
-                expected, got = describe(want, spec.shape), describe(arr.dtype, arr.shape)
+            if arr.dtype != want or tuple(arr.shape) != shape:
+                expected, got = describe(want, shape), describe(arr.dtype, arr.shape)
                 raise KilnError(f"input {name!r}: expected {expected}, got {got}")
             checked.append(arr)
         return checked

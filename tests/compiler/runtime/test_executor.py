@@ -106,6 +106,33 @@ def test_results_are_not_overwritten_unless_asked(model: CompiledModel):
     assert fast1[0] is fast2[0]  # the model's own buffer, reused
 
 
+def test_run_writes_into_fresh_arrays_and_recycles_only_dropped_ones(model: CompiledModel):
+    a, b = np.zeros((4, 8), np.float32), np.ones((4, 8), np.float32)
+    kept = model.run([a])
+    view = model.run([a])[1][:2]  # only a view of the second call's output survives
+    seen = set()
+    for _ in range(6):
+        y = model.run([b])
+        assert y[0] is not kept[0] and y[1] is not kept[1] and y[1] is not view.base
+        assert model._slots[model.outputs[0]] == y[0].ctypes.data  # the kernel wrote into the array returned
+        seen.add(y[0].ctypes.data)
+    assert len(seen) <= 2  # dropped results are reused: a loop allocates nothing after its first calls
+    np.testing.assert_allclose(kept[0], reference(a)[0], rtol=1e-6)
+    np.testing.assert_array_equal(view, reference(a)[1][:2])
+    np.testing.assert_allclose(y[0], reference(b)[0], rtol=1e-6)
+
+
+def test_an_input_changed_in_place_is_read_again(model: CompiledModel):
+    x = np.zeros((4, 8), np.float32)
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    model.run([x], out=out)
+    x[:] = 3.0
+    np.testing.assert_array_equal(model.run([x], out=out)[1], x - 1)
+    np.testing.assert_array_equal(model.run([x])[1], x - 1)
+    y = x[:, ::-1]  # not contiguous: bound through a copy, whatever array was bound before
+    np.testing.assert_array_equal(model.run([y])[1], y - 1)
+
+
 def test_out_arrays(model: CompiledModel):
     x = np.full((4, 8), 0.5, np.float32)
     out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
