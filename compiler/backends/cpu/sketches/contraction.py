@@ -31,7 +31,7 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
 from compiler.target import Target
 
-REGISTERS = 32  # vector registers on AVX-512 (16 on AVX2)
+SPARE_REGISTERS = 4  # vector registers a micro-kernel keeps for B vectors and the broadcast A value
 
 
 class CpuContractionSketch(Sketch):
@@ -72,8 +72,11 @@ class CpuContractionSketch(Sketch):
         v, nr, mr = config["vector"], config["nr"], config["mr"]
         if nr % v:
             raise ScheduleError(f"contraction: vector {v} does not divide nr {nr}")
-        if mr * (nr // v) > REGISTERS - 4 and v > 1:
-            raise ScheduleError(f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector registers")
+        if v > 1 and mr * (nr // v) > target.vector_registers - SPARE_REGISTERS:
+            raise ScheduleError(
+                f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector accumulators; "
+                f"{target.device} has {target.vector_registers} vector registers"
+            )
         m_ext, n_ext = G.anchor_extents(group)
         if config["mc_tiles"] > 1 and mr * config["mc_tiles"] > 2 * m_ext:
             raise ScheduleError("contraction: the M cache block is far larger than M")
@@ -86,9 +89,12 @@ class CpuContractionSketch(Sketch):
         lanes = target.vector_lanes_f32
         v = lanes if n_ext >= lanes else max(x for x in (4, 8, 16) if x <= max(4, n_ext) and x <= lanes)
         nr = 2 * v if n_ext >= 2 * v else v
-        fitting = [x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext) and x * (nr // v) <= REGISTERS - 4]
-        # prefer a register tile that divides M (no row guards in the micro-kernel), then the larger one
-        mr = max(fitting, key=lambda x: (m_ext % x == 0, x))
+        accumulators = target.vector_registers - SPARE_REGISTERS
+        fitting = [x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext) and x * (nr // v) <= accumulators]
+        # the most rows of useful work per tile (a 6-row tile on AVX2's 16 registers, 6x16 = 12
+        # accumulators, beats a 4-row one that divides M: the FMA pipes need ~4 x fma_units independent
+        # accumulators); a tile that divides M (no row guards) wins ties
+        mr = max(fitting, key=lambda x: (m_ext / (-(-m_ext // x) * x) * x, m_ext % x == 0))
         # the packed B panel (K x NC) and the A block (MC x K) should sit in about half of L2 each
         budget = target.l2_bytes // 2
         nc_cap = max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr)))
