@@ -30,6 +30,7 @@ Calling conventions, the same on every backend:
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from abc import ABC, abstractmethod
@@ -87,48 +88,58 @@ def describe(dtype: Any, shape: Sequence[int]) -> str:
 Inputs = Sequence[Any] | Mapping[str, Any]
 
 
-def _pool_refcount() -> int:
-    """``sys.getrefcount`` of an array held only by an :class:`OutputPool`, seen from its ``take`` loop
-    (measured, not assumed: the count differs between Python versions)."""
-    held = [np.empty(0)]
-    for arr in held:
-        return sys.getrefcount(arr)
-    raise AssertionError
+ALIGN = 64  # bytes: a cache line, and the alignment full-width AVX-512 (streaming) stores need
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary (numpy's own
+    allocations are 16-byte aligned); its ``base`` is the raw byte buffer."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off : off + nbytes].view(dtype).reshape(shape)
+
+
+def _refs(entry: list[Any]) -> tuple[int, int]:
+    """Reference counts of a pool entry's array and of its memory (``base``): views of a view refer to the
+    memory's owner, not to the view, so both are looked at."""
+    return sys.getrefcount(entry[0]), sys.getrefcount(entry[0].base)
 
 
 class OutputPool:
     """Output arrays for calls that return fresh arrays without copying: ``take()`` gives one array per
-    output (shape and dtype from ``specs``), reusing an array of an earlier call only when nothing but the
-    pool refers to it (no caller variable, no view, no torch tensor sharing it), else allocating a new one.
-    The pool keeps the ``depth`` most recent arrays of each output, so ``y = model.run(x)`` in a loop (the
-    previous ``y`` is still alive during the call) cycles through two arrays per output.
-    ``take()`` also returns each array's data address (``arr.ctypes.data`` costs ~1 us per call)."""
-
-    FREE = _pool_refcount()
+    output (shape and dtype from ``specs``, 64-byte aligned), reusing an array of an earlier call only when
+    nothing but the pool refers to it or its memory (no caller variable, no view, no torch tensor sharing
+    it), else allocating a new one. The pool keeps the ``depth`` most recent arrays of each output, so
+    ``y = model.run(x)`` in a loop (the previous ``y`` is still alive during the call) cycles through two
+    arrays per output. ``take()`` also returns each array's data address (``arr.ctypes.data`` costs ~1 us).
+    """
 
     def __init__(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]], depth: int = 2) -> None:
         self.specs = [(tuple(shape), np.dtype(dt)) for shape, dt in specs]
         self.depth = depth
-        self._held: list[list[np.ndarray]] = [[] for _ in self.specs]
-        self._ptrs: list[dict[int, int]] = [{} for _ in self.specs]
+        self._held: list[list[list[Any]]] = [[] for _ in self.specs]  # per output: [array, address]
+        self._free = _refs([aligned_empty((1,), np.float32), 0])  # counts of an entry nobody else holds
 
     def take(self) -> tuple[list[np.ndarray], list[int]]:
         arrays, ptrs = [], []
-        free = self.FREE
-        for (shape, dt), held, addr in zip(self.specs, self._held, self._ptrs):
+        free = self._free
+        for (shape, dt), held in zip(self.specs, self._held):
             found = None
-            for arr in held:
-                if sys.getrefcount(arr) <= free:
-                    found = arr
+            for entry in held:
+                if _refs(entry) <= free:
+                    found = entry
                     break
             if found is None:
-                found = np.empty(shape, dt)
+                arr = aligned_empty(shape, dt)
+                found = [arr, arr.ctypes.data]
+                del arr
                 if len(held) >= self.depth:
-                    addr.pop(id(held.pop(0)), None)
+                    held.pop(0)
                 held.append(found)
-                addr[id(found)] = found.ctypes.data
-            arrays.append(found)
-            ptrs.append(addr[id(found)])
+            arrays.append(found[0])
+            ptrs.append(found[1])
         return arrays, ptrs
 
 

@@ -31,7 +31,7 @@ from compiler.backends.cpu import gcc
 from compiler.dtypes import to_numpy
 from compiler.errors import CompileError, KilnError
 from compiler.runtime.artifact import SavedModel
-from compiler.runtime.executor import CompiledModel, OutputPool
+from compiler.runtime.executor import CompiledModel, OutputPool, aligned_empty
 from compiler.target import Target
 
 
@@ -72,7 +72,7 @@ class CpuCompiledModel(CompiledModel):
             r = self.roots[b.id]
             if r != b.id or r in self.plan.offsets or b.role in ("input", "param"):
                 continue
-            self._owned[r] = np.empty(b.shape, to_numpy(b.dtype))  # outputs and pinned intermediates
+            self._owned[r] = aligned_empty(b.shape, to_numpy(b.dtype))  # outputs and pinned intermediates
         self._slots = (ctypes.c_void_p * (max(self.by_id, default=0) + 1))()
         self._groups: dict[int, list[int]] = {}
         for b in self.buffers:
