@@ -31,6 +31,7 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
 from compiler.target import Target
 
+NR_VALUES = (4, 8, 16, 32, 48, 64, 128)
 SPARE_REGISTERS = 4  # vector registers a micro-kernel keeps for B vectors and the broadcast A value
 
 
@@ -50,7 +51,7 @@ class CpuContractionSketch(Sketch):
             Knob("mr", tuple(v for v in (1, 2, 4, 6, 8, 12, 14) if v <= max(1, m_ext)), "register tile rows"),
             Knob(
                 "nr",
-                tuple(v for v in (4, 8, 16, 32, 48, 64) if v <= max(4, n_ext) or v == 4),
+                tuple(v for v in NR_VALUES if v <= max(4, n_ext) or v == 4),
                 "register tile columns",
             ),
             Knob("vector", vectors, "SIMD lanes along N"),
@@ -95,6 +96,15 @@ class CpuContractionSketch(Sketch):
         # accumulators, beats a 4-row one that divides M: the FMA pipes need ~4 x fma_units independent
         # accumulators); a tile that divides M (no row guards) wins ties
         mr = max(fitting, key=lambda x: (m_ext / (-(-m_ext // x) * x) * x, m_ext % x == 0))
+        # few rows (a matrix-vector product): widen the tile along N until it has the 4 x fma_units
+        # independent accumulators that hide the FMA latency (1 x 128 floats on AVX-512 for M = 1)
+        while (
+            mr * (nr // v) < 4 * target.fma_units
+            and 2 * nr in NR_VALUES
+            and 2 * nr <= n_ext
+            and mr * (2 * nr // v) <= accumulators
+        ):
+            nr *= 2
         # the packed B panel (K x NC) and the A block (MC x K) should sit in about half of L2 each
         budget = target.l2_bytes // 2
         nc_cap = max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr)))

@@ -179,3 +179,14 @@ def test_default_matmul_tile_fills_the_isas_registers(isa):
     assert 4 * target.fma_units <= acc <= target.vector_registers - 4, cfg
     with pytest.raises(ScheduleError, match="vector registers"):
         sketch.check(group, {**cfg, "mr": 8, "nr": 4 * cfg["vector"]}, target)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_default_matrix_vector_tile_hides_the_fma_latency(isa):
+    """With one row the tile widens along N until it holds 4 x fma_units independent accumulators."""
+    from tests.targets import PINNED_TARGETS
+
+    target = PINNED_TARGETS[isa]
+    group = fuse(optimize(matmul_graph(1, 128, 784, False, False, "bias_relu", weight=True)), None).groups[0]
+    cfg = sketch_for(group, target).default(group, target)
+    assert cfg["mr"] == 1 and cfg["nr"] // cfg["vector"] >= 4 * target.fma_units, cfg
