@@ -14,9 +14,11 @@ Method (the same for every contender):
 * each round gives a median over repeats lasting at least ``--min-time`` seconds; the table shows the
   median over rounds and the spread (lowest and highest round median).
 
-Kiln is timed two ways: ``kiln run()`` (the public call: fresh output arrays every call, nothing copied)
-and ``kiln out=`` (outputs written into arrays bound once). onnxruntime runs with IOBinding: inputs and
-outputs bound once to preallocated numpy arrays. numpy and torch eager allocate their outputs per call.
+Kiln is timed three ways: ``kiln run()`` (the public call: fresh output arrays every call, nothing copied),
+``kiln out=`` (``run(x, out=...)``: outputs written into caller arrays) and ``kiln bind()`` (inputs and
+outputs bound once, each call one ctypes call: what onnxruntime's IOBinding does). onnxruntime runs with
+IOBinding: inputs and outputs bound once to preallocated numpy arrays. numpy and torch eager allocate their
+outputs per call.
 
     python scripts/bench_cpu_kernels.py                       # the host's ISA (AVX-512 here)
     KILN_HOST_ISA=avx2 python scripts/bench_cpu_kernels.py    # AVX2 code generated on this host
@@ -188,6 +190,7 @@ def main() -> int:
         contenders: dict[str, Callable[[], object]] = {
             "kiln run()": lambda m=model, x=inputs: m.run(x),
             "kiln out=": lambda m=model, x=inputs, o=bound: m.run(x, out=o),
+            "kiln bind()": model.bind(inputs, out=[np.empty_like(r) for r in refs]),
         }
         np_fn = mnist_numpy(graph, inputs) if name == "mnist_mlp" else peer_for(name, graph, inputs)
         if np_fn is not None:
@@ -211,15 +214,15 @@ def main() -> int:
             row[k] = f"{med[k]:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
         if "onnxruntime" in med:
             row["run() vs onnxruntime"] = f"{med['onnxruntime'] / med['kiln run()']:.2f}x"
-            row["out= vs onnxruntime"] = f"{med['onnxruntime'] / med['kiln out=']:.2f}x"
+            row["bind() vs onnxruntime"] = f"{med['onnxruntime'] / med['kiln bind()']:.2f}x"
         if best is not None:
-            row["out= vs best peer"] = f"{peers[best] / med['kiln out=']:.2f}x ({best})"
+            row["bind() vs best peer"] = f"{peers[best] / med['kiln bind()']:.2f}x ({best})"
         rows.append(row)
         print(row, flush=True)
 
-    columns = ["workload", "kiln run()", "kiln out=", "numpy", "onnxruntime", "torch eager"]
+    columns = ["workload", "kiln run()", "kiln out=", "kiln bind()", "numpy", "onnxruntime", "torch eager"]
     columns = [c for c in columns if any(c in r for r in rows)]
-    ratios = ("run() vs onnxruntime", "out= vs onnxruntime", "out= vs best peer")
+    ratios = ("run() vs onnxruntime", "bind() vs onnxruntime", "bind() vs best peer")
     columns += [c for c in ratios if any(c in r for r in rows)]
     text = (
         f"# Kiln CPU kernels (default schedules) vs peers\n\n"
@@ -227,8 +230,9 @@ def main() -> int:
         f"`python scripts/bench_cpu_kernels.py --rounds {args.rounds}`; {args.threads} threads for every "
         f"contender. Median over {args.rounds} interleaved rounds (rotated order) of per-round medians, in "
         f"microseconds, with the lowest..highest round median in brackets. Outputs checked against the "
-        f"numpy reference first. `kiln run()` returns fresh arrays each call; `kiln out=` and onnxruntime "
-        f"(IOBinding) write into arrays bound once; numpy and torch eager allocate per call.\n\n"
+        f"numpy reference first. `kiln run()` returns fresh arrays each call (no copy); `kiln out=` writes "
+        f"into caller arrays; `kiln bind()` and onnxruntime (IOBinding) run on arrays bound once; numpy "
+        f"and torch eager allocate per call.\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
     print(text)

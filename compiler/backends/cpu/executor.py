@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -105,6 +106,7 @@ class CpuCompiledModel(CompiledModel):
         self._pool = OutputPool([(self.by_id[o].shape, to_numpy(self.by_id[o].dtype)) for o in self.outputs])
         self._in_roots = [self.roots[i] for i in self.inputs]
         self._last_in: list[Any] = [None] * len(self.inputs)
+        self._binding: object | None = None  # the bind() call whose arrays the slots point at
         self._last_out: list[tuple[np.ndarray, int] | None] = [None] * len(self.outputs)
         self._own_ptrs = [(o, self._owned[o].ctypes.data) for o in self.outputs if o in self._owned]
         self._own_results = [
@@ -132,6 +134,7 @@ class CpuCompiledModel(CompiledModel):
         passed again with the same inputs are not checked for overlap again."""
         same_inputs = all(v is last for v, last in zip(values, self._last_in))
         arrays = self._bind_inputs(values)
+        self._binding = None
         if out is None:
             for o, ptr in self._own_ptrs:
                 self._bind_root(o, ptr)
@@ -153,6 +156,7 @@ class CpuCompiledModel(CompiledModel):
         """Bind the inputs and output arrays from the pool (fresh to the caller: no one else holds them);
         returns the outputs and the bound inputs (kept alive until the call returns)."""
         arrays = self._bind_inputs(values)
+        self._binding = None
         results, ptrs = self._pool.take()
         for o, direct, ptr in zip(self.outputs, self._direct, ptrs):
             if direct:
@@ -167,6 +171,24 @@ class CpuCompiledModel(CompiledModel):
             spec = self.by_id[o]
             src_ptr = ctypes.cast(self._slots[o], ctypes.POINTER(ctypes.c_uint8))
             dst.reshape(-1).view(np.uint8)[:] = np.ctypeslib.as_array(src_ptr, (spec.nbytes,))
+
+    def _bound(self, values: list[Any], out: list[np.ndarray] | None) -> Callable[[], list[np.ndarray]]:
+        fn = self._run_fn or self._ensure_built()
+        values = [np.ascontiguousarray(v) for v in values]  # kept alive with the call (copied once if needed)
+        results = self._bind(values, out)
+        token = self._binding = object()
+        slots, finish = self._slots, not all(self._direct)
+
+        def call() -> list[np.ndarray]:
+            if self._binding is not token:  # another call bound other arrays since
+                self._bind(values, out)
+                self._binding = token
+            fn(slots)
+            if finish:
+                self._finish(results)
+            return results
+
+        return call
 
     # ---------------------------------------------------------- launch step
     def _execute(
@@ -189,6 +211,7 @@ class CpuCompiledModel(CompiledModel):
         if options:
             raise KilnError(f"{self.name}: the CPU model takes no timing options {sorted(options)}")
         fn = self._ensure_built()
+        values = [np.ascontiguousarray(v) for v in values]  # alive while the slots point at them
         self._bind(values, None)
         slots = self._slots
         for _ in range(warmup):

@@ -242,3 +242,20 @@ def test_load_by_backend(model: CompiledModel, tmp_path: Path):
     (d / "manifest.json").write_text(json.dumps({**manifest, "format": "something else"}))
     with pytest.raises(KilnError, match="is not a Kiln compiled model"):
         CompiledModel.load(d)
+
+
+def test_bind_runs_on_arrays_bound_once(model: CompiledModel):
+    x = np.zeros((4, 8), np.float32)
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    call = model.bind([x], out=out)
+    assert call()[1] is out[1]
+    np.testing.assert_array_equal(out[1], x - 1)
+    x[:] = 2.0  # the contents change, the binding stays
+    other = model.run([np.ones((4, 8), np.float32)])  # another call binds other arrays in between
+    np.testing.assert_array_equal(call()[1], np.full((4, 8), 1.0, np.float32))
+    np.testing.assert_allclose(out[0], reference(x)[0], rtol=1e-6)
+    np.testing.assert_array_equal(other[1], np.zeros((4, 8), np.float32))
+    own = model.bind([np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::-1]])  # not contiguous: copied
+    np.testing.assert_array_equal(own()[1], np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::-1] - 1)
+    with pytest.raises(KilnError, match="input 'x'"):
+        model.bind([np.zeros((4, 8))])
