@@ -190,3 +190,11 @@ def test_default_matrix_vector_tile_hides_the_fma_latency(isa):
     group = fuse(optimize(matmul_graph(1, 128, 784, False, False, "bias_relu", weight=True)), None).groups[0]
     cfg = sketch_for(group, target).default(group, target)
     assert cfg["mr"] == 1 and cfg["nr"] // cfg["vector"] >= 4 * target.fma_units, cfg
+
+
+def test_m_blocks_are_dealt_out_evenly():
+    from compiler.backends.cpu.sketches.contraction import _balanced_tiles
+
+    assert _balanced_tiles(16, 256, 6, 1, 2) == 2  # 22 blocks of 12 rows, not 3 of 96 (192 rows on one)
+    assert _balanced_tiles(16, 1024, 8, 1, 2) == 16  # 8 blocks of 128: already even
+    assert _balanced_tiles(4, 64, 8, 1, 2) == 4
