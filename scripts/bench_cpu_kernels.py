@@ -93,6 +93,13 @@ def graph_for(name: str):
     return mnist_mlp() if name == "mnist_mlp" else get_model(name)
 
 
+def command_line() -> str:
+    """This run's command, with the environment variables that change what is measured."""
+    names = ("KILN_HOST_ISA", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    env = [f"{k}={os.environ[k]}" for k in names if k in os.environ]
+    return " ".join([*env, "python", "scripts/bench_cpu_kernels.py", *sys.argv[1:]])
+
+
 def check(who: str, name: str, got, refs) -> None:
     got = got if isinstance(got, (list, tuple)) else [got]
     if len(got) != len(refs):
@@ -227,7 +234,7 @@ def main() -> int:
     text = (
         f"# Kiln CPU kernels (default schedules) vs peers\n\n"
         f"Machine: {machine_line()}; Kiln target `{target.key}` ({target.vector_bytes * 8}-bit vectors). "
-        f"`python scripts/bench_cpu_kernels.py --rounds {args.rounds}`; {args.threads} threads for every "
+        f"`{command_line()}`; {args.threads} threads for every "
         f"contender. Median over {args.rounds} interleaved rounds (rotated order) of per-round medians, in "
         f"microseconds, with the lowest..highest round median in brackets. Outputs checked against the "
         f"numpy reference first. `kiln run()` returns fresh arrays each call (no copy); `kiln out=` writes "
