@@ -125,14 +125,14 @@ class CpuCompiledModel(CompiledModel):
             arr = np.ascontiguousarray(v)
             self._bind_root(root, arr.ctypes.data)
             self._last_in[k] = arr if arr is v else None
+            self._last_out = [None] * len(self.outputs)  # out= arrays were checked against other inputs
             arrays.append(arr)
         return arrays
 
     def _bind(self, values: list[Any], out: list[np.ndarray] | None) -> list[np.ndarray]:
         """Point the slots at the inputs and the model's own output arrays (timing, ``copy=False``) or the
         caller's ``out`` arrays; returns the arrays the outputs land in. ``out`` arrays of the last call
-        passed again with the same inputs are not checked for overlap again."""
-        same_inputs = all(v is last for v, last in zip(values, self._last_in))
+        passed again, with no input changed since, are not checked for overlap again."""
         arrays = self._bind_inputs(values)
         self._binding = None
         if out is None:
@@ -141,7 +141,7 @@ class CpuCompiledModel(CompiledModel):
             return list(self._own_results)
         for k, (o, dst) in enumerate(zip(self.outputs, out)):
             last = self._last_out[k]
-            if last is not None and last[0] is dst and same_inputs:
+            if last is not None and last[0] is dst:
                 ptr = last[1]
             else:
                 if any(np.may_share_memory(dst, a) for a in arrays):

@@ -259,3 +259,12 @@ def test_bind_runs_on_arrays_bound_once(model: CompiledModel):
     np.testing.assert_array_equal(own()[1], np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::-1] - 1)
     with pytest.raises(KilnError, match="input 'x'"):
         model.bind([np.zeros((4, 8))])
+
+
+def test_out_overlapping_an_input_is_refused_after_any_earlier_call(model: CompiledModel):
+    x = np.zeros((4, 8), np.float32)
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    model.run([x], out=out)  # out checked against x and remembered
+    model.run([out[1]])  # out[1] becomes the input
+    with pytest.raises(KilnError, match="overlaps an input"):
+        model.run([out[1]], out=out)
