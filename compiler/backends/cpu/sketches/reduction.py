@@ -106,7 +106,11 @@ class CpuReductionSketch(Sketch):
                 config["vector"] = v
                 break
         v = config["vector"]
-        if v > 1 and n % (4 * v) == 0 and n >= 16 * v:
+        # a transcendental per element (softmax) hides the add/max latency by itself, and every extra
+        # accumulator adds v lanes to the per-row horizontal tree: measured, 2 beats 4 there (AVX-512
+        # softmax [4096,1024], 1 thread: 1.19 vs 1.44 ms); the cheap norms want 4
+        heavy = any(n_.op in EXPENSIVE for n_ in group.subgraph.nodes)
+        if v > 1 and n % (4 * v) == 0 and n >= 16 * v and not heavy:
             config["accum"] = 4
         elif v > 1 and n % (2 * v) == 0:
             config["accum"] = 2
