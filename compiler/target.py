@@ -25,6 +25,12 @@ features. A narrowed host has its own key (its ISA level, e.g. ``cpu/x86_64/AMD 
 records never mix with the full host's, and
 ``Target.cflags()`` adds the gcc flags that keep ``-march=native`` code within that ISA
 (``-mno-avx512f``, ``-mno-avx``). Asking for the CPU's own level changes nothing.
+
+``Target.host()`` also reads the data cache sizes (L1d, L2, L3) of the CPU from
+``/sys/devices/system/cpu/cpu0/cache`` (``cache_sizes``; defaults where sysfs says nothing), and a CPU target
+says how many vector registers its ISA has (``vector_registers``: 32 with AVX-512 or on aarch64, 16 with
+AVX2/SSE) and how many FMA pipes to keep busy (``fma_units``): the CPU sketches size register tiles and
+cache blocks from them.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from compiler.errors import KilnError
@@ -54,6 +60,7 @@ class Target:
     warp_size: int = 32
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
+    l3_bytes: int = 32 * 1024 * 1024  # shared last-level cache (CPU targets)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -77,6 +84,20 @@ class Target:
     @property
     def vector_lanes_f32(self) -> int:
         return max(1, self.vector_bytes // 4)
+
+    @property
+    def vector_registers(self) -> int:
+        """Architectural SIMD registers: 32 on AVX-512 (zmm0-31) and aarch64 (v0-31), 16 on AVX2/SSE."""
+        if self.kind != "cpu":
+            return 0
+        return 32 if self.arch == "aarch64" or self.vector_bytes >= 64 else 16
+
+    @property
+    def fma_units(self) -> int:
+        """Vector FMA pipes per core (2 on every x86 core Kiln targets since Haswell/Zen, and on Neoverse
+        cores): with an FMA latency of ~4 cycles, a micro-kernel needs ~4 x this many independent
+        accumulators to keep them busy."""
+        return 2 if self.kind == "cpu" and ("fma" in self.features or self.arch == "aarch64") else 1
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -110,7 +131,8 @@ class Target:
         except OSError:
             text = f"model name : {platform.processor() or 'unknown cpu'}\n"
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return Target.from_cpuinfo(text, platform.machine(), cores, os.environ.get(HOST_ISA_ENV) or None)
+        target = Target.from_cpuinfo(text, platform.machine(), cores, os.environ.get(HOST_ISA_ENV) or None)
+        return replace(target, **cache_sizes())
 
     @staticmethod
     def from_cpuinfo(text: str, machine: str, cores: int = 1, isa: str | None = None) -> Target:
@@ -206,6 +228,40 @@ class Target:
         raise KilnError(
             f"unknown target {spec!r}: use 'cpu', 'cuda' or a target key like {Target.host().key!r}"
         )
+
+
+_CACHE_FIELDS = {("1", "Data"): "l1_bytes", ("2", "Unified"): "l2_bytes", ("3", "Unified"): "l3_bytes"}
+
+
+def parse_cache_size(text: str) -> int:
+    """A sysfs cache ``size`` (``48K``, ``1024K``, ``32M``) in bytes; ValueError when it is not one."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
+    """``l1_bytes`` / ``l2_bytes`` / ``l3_bytes`` of the CPU that sysfs describes under ``root`` (only the
+    levels it names; an unreadable or odd entry is left out, so the Target's defaults stay)."""
+    found: dict[str, int] = {}
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            with open(os.path.join(root, entry, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(root, entry, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(root, entry, "size")) as f:
+                size = parse_cache_size(f.read())
+        except (OSError, ValueError):
+            continue
+        name = _CACHE_FIELDS.get((level, kind))
+        if name and size > 0:
+            found.setdefault(name, size)
+    return found
 
 
 def _cpuinfo_fields(text: str) -> dict[str, str]:

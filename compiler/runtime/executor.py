@@ -16,8 +16,15 @@ module, allocating host or device buffers, binding the checked inputs, launching
 Calling conventions, the same on every backend:
 
 * ``run(inputs)`` takes a list in input order or a dict by name and returns numpy arrays that are never
-  overwritten by a later call; ``run(inputs, out=[...])`` writes into caller arrays and returns them;
-  ``run(inputs, copy=False)`` may return the model's own output arrays (valid until the next call).
+  overwritten by a later call. The last kernels write straight into them (no copy pass): they come from an
+  :class:`OutputPool`, which hands back an array of an earlier call only once nothing outside the pool
+  refers to it any more (the caller dropped it and every view of it), so a loop ``y = model.run(x)``
+  allocates nothing after its first calls and never touches an array the caller still holds.
+* ``run(inputs, out=[...])`` writes into caller arrays and returns them (binding output arrays: the same
+  arrays passed again cost no new allocation); ``run(inputs, copy=False)`` may return the model's own
+  output arrays (valid until the next call).
+* ``bind(inputs, out=None)`` binds the arrays once and returns a call without arguments that runs the model
+  on them (the least overhead per call: on the CPU a single ctypes call).
 * ``timeit(inputs, repeats, warmup)`` returns microseconds: median, min, mean and every sample.
 * ``CompiledModel.from_funcs(...)`` and ``CompiledModel.load(dir)`` called on this class pick the
   backend's subclass from the target (default: the host CPU) or the saved manifest.
@@ -25,9 +32,11 @@ Calling conventions, the same on every backend:
 
 from __future__ import annotations
 
+import math
 import statistics
+import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -81,6 +90,61 @@ def describe(dtype: Any, shape: Sequence[int]) -> str:
 Inputs = Sequence[Any] | Mapping[str, Any]
 
 
+ALIGN = 64  # bytes: a cache line, and the alignment full-width AVX-512 (streaming) stores need
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary (numpy's own
+    allocations are 16-byte aligned); its ``base`` is the raw byte buffer."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off : off + nbytes].view(dtype).reshape(shape)
+
+
+def _refs(entry: list[Any]) -> tuple[int, int]:
+    """Reference counts of a pool entry's array and of its memory (``base``): views of a view refer to the
+    memory's owner, not to the view, so both are looked at."""
+    return sys.getrefcount(entry[0]), sys.getrefcount(entry[0].base)
+
+
+class OutputPool:
+    """Output arrays for calls that return fresh arrays without copying: ``take()`` gives one array per
+    output (shape and dtype from ``specs``, 64-byte aligned), reusing an array of an earlier call only when
+    nothing but the pool refers to it or its memory (no caller variable, no view, no torch tensor sharing
+    it), else allocating a new one. The pool keeps the ``depth`` most recent arrays of each output, so
+    ``y = model.run(x)`` in a loop (the previous ``y`` is still alive during the call) cycles through two
+    arrays per output. ``take()`` also returns each array's data address (``arr.ctypes.data`` costs ~1 us).
+    """
+
+    def __init__(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]], depth: int = 2) -> None:
+        self.specs = [(tuple(shape), np.dtype(dt)) for shape, dt in specs]
+        self.depth = depth
+        self._held: list[list[list[Any]]] = [[] for _ in self.specs]  # per output: [array, address]
+        self._free = _refs([aligned_empty((1,), np.float32), 0])  # counts of an entry nobody else holds
+
+    def take(self) -> tuple[list[np.ndarray], list[int]]:
+        arrays, ptrs = [], []
+        free = self._free
+        for (shape, dt), held in zip(self.specs, self._held):
+            found = None
+            for entry in held:
+                if _refs(entry) <= free:
+                    found = entry
+                    break
+            if found is None:
+                arr = aligned_empty(shape, dt)
+                found = [arr, arr.ctypes.data]
+                del arr
+                if len(held) >= self.depth:
+                    held.pop(0)
+                held.append(found)
+            arrays.append(found[0])
+            ptrs.append(found[1])
+        return arrays, ptrs
+
+
 class CompiledModel(ABC):
     """A compiled model; see the module docstring. Subclasses set ``backend`` (the ``Target.kind`` they
     run, which also names the save format) and ``source_name`` (the saved source file), and implement
@@ -123,6 +187,10 @@ class CompiledModel(ABC):
             for i in ids:
                 if i not in self.by_id or self.by_id[i].role != role:
                     raise KilnError(f"buffer id {i} is not an {role} buffer")
+        self._input_types = [
+            (n, np.dtype(to_numpy(self.by_id[i].dtype)), tuple(self.by_id[i].shape))
+            for n, i in zip(self.input_names, self.inputs)
+        ]
         self.params: dict[int, np.ndarray] = {}
         for b in self.buffers:
             if b.role == "param" and b.alias_of is None:
@@ -227,12 +295,10 @@ class CompiledModel(ABC):
                     f"{self.name}: expected {len(self.inputs)} input(s) {self.input_names}, got {len(values)}"
                 )
         checked = []
-        for name, i, v in zip(self.input_names, self.inputs, values):
-            spec = self.by_id[i]
+        for (name, want, shape), v in zip(self._input_types, values):
             arr = self._as_input(v)
-            want = to_numpy(spec.dtype)
-            if np.dtype(arr.dtype) != want or tuple(arr.shape) != spec.shape:
-                expected, got = describe(want, spec.shape), describe(arr.dtype, arr.shape)
+            if arr.dtype != want or tuple(arr.shape) != shape:
+                expected, got = describe(want, shape), describe(arr.dtype, arr.shape)
                 raise KilnError(f"input {name!r}: expected {expected}, got {got}")
             checked.append(arr)
         return checked
@@ -268,6 +334,19 @@ class CompiledModel(ABC):
         return self._execute(values, checked_out, copy, **options)
 
     __call__ = run
+
+    def bind(self, inputs: Inputs, out: Sequence[np.ndarray] | None = None) -> Callable[[], list[np.ndarray]]:
+        """Bind inputs and outputs once (like onnxruntime's IOBinding): returns a call without arguments
+        that runs the model on those arrays and returns the outputs (``out``, or the model's own arrays,
+        overwritten by the next call). The arrays are checked here, not per call; changing their contents
+        between calls is the point. A backend makes the call as cheap as it can (the CPU: one ctypes call)."""
+        values = self._check_inputs(inputs)
+        checked_out = None if out is None else self._check_out(out)
+        return self._bound(values, checked_out)
+
+    def _bound(self, values: list[Any], out: list[np.ndarray] | None) -> Callable[[], list[np.ndarray]]:
+        """The call :meth:`bind` returns; by default each call is a checked-once :meth:`_execute`."""
+        return lambda: self._execute(values, out, False)
 
     def timeit(self, inputs: Inputs, repeats: int = 10, warmup: int = 2, **options: Any) -> dict[str, Any]:
         """Time ``repeats`` runs after ``warmup`` ones with the inputs bound once: microseconds (median, min,

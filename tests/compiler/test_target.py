@@ -208,3 +208,29 @@ def test_the_environment_variable_narrows_the_host_and_the_code_gcc_generates(tm
         env={**env, HOST_ISA_ENV: "avx1024"},
     )
     assert bad.returncode != 0 and f"{HOST_ISA_ENV}='avx1024' is not an ISA level" in bad.stderr
+
+
+def test_cache_sizes_come_from_sysfs(tmp_path):
+    from compiler.target import cache_sizes, parse_cache_size
+
+    entries = [("1", "Data", "48K"), ("1", "Instruction", "32K"), ("2", "Unified", "1024K")]
+    for i, (level, kind, size) in enumerate([*entries, ("3", "Unified", "32M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    assert cache_sizes(str(tmp_path)) == {"l1_bytes": 48 << 10, "l2_bytes": 1 << 20, "l3_bytes": 32 << 20}
+    (tmp_path / "index3" / "size").write_text("lots\n")  # an odd entry keeps the Target's default
+    assert "l3_bytes" not in cache_sizes(str(tmp_path))
+    assert cache_sizes(str(tmp_path / "missing")) == {}
+    assert parse_cache_size("512") == 512
+    host = Target.host()
+    assert host.l1_bytes >= 16 << 10 and host.l2_bytes >= host.l1_bytes
+
+
+def test_vector_registers_follow_the_isa():
+    from tests.targets import AVX2, AVX512, NEON
+
+    assert (AVX512.vector_registers, AVX2.vector_registers, NEON.vector_registers) == (32, 16, 32)
+    assert AVX2.fma_units == 2 and Target.cuda().vector_registers == 0

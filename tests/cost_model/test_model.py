@@ -199,7 +199,15 @@ def make_db(url: str) -> TuningDatabase:
             for c in _configs(task)
         ]  # fmt: skip
         recs.append(
-            RecordIn(task.workload_key, CPU.key, "reduction", 1, recs[0].config, None, "runtime_error")
+            RecordIn(
+                task.workload_key,
+                CPU.key,
+                "reduction",
+                task.sketch.version,
+                recs[0].config,
+                None,
+                "runtime_error",
+            )
         )
         db.commit_records(recs)
     return db

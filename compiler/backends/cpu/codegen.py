@@ -62,6 +62,10 @@ from compiler.loopir.promote import expand_fallback_loops, promote_locals
 from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc, Stmt, stmt_exprs, walk_stmts
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
+# ``PrimFunc.attrs`` key: names of the kernel's buffers whose full-vector stores are non-temporal
+# (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
+# thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
+STREAM_STORES = "stream_stores"
 CODEGEN_VERSION = "c-3"  # bump when generated code changes meaning (part of the kernel cache key)
 
 
@@ -150,11 +154,31 @@ class CPrinter(CStylePrinter):
             raise CompileError(f"intrinsic {name}() on {dtype} is not supported by this target")
         return simple[name]
 
+    def _streams(self) -> bool:
+        return bool(self.func is not None and self.func.attrs.get(STREAM_STORES))
+
+    def function(self, func: PrimFunc) -> str:
+        text = super().function(func)
+        if not self._streams():
+            return text
+        head, _, _ = text.rstrip().rpartition("}")
+        return f"{head}{self.indent_unit}kiln_sfence();\n}}\n"
+
     def emit_parallel(self, s: For) -> None:
-        self.line("#pragma omp parallel for schedule(static)")
         self.in_parallel = True
         try:
-            self.emit_serial(s)
+            if self._streams():  # every thread fences its own streaming stores before the barrier
+                self.line("#pragma omp parallel")
+                self.line("{")
+                self.depth += 1
+                self.line("#pragma omp for schedule(static) nowait")
+                self.emit_serial(s)
+                self.line("kiln_sfence();")
+                self.depth -= 1
+                self.line("}")
+            else:
+                self.line("#pragma omp parallel for schedule(static)")
+                self.emit_serial(s)
         finally:
             self.in_parallel = False
 
@@ -183,7 +207,10 @@ class CPrinter(CStylePrinter):
         if s.buffer in self.promoted:
             return f"{self.promoted_var(s.buffer, flat, lanes)} = {self.top(s.value)}"
         target = f"&{self.buf_name(s.buffer)}[{self.top(flat)}]"
-        return f"kiln_store_{self.vt(s.value.dtype)}({target}, {self.expr(s.value)})"
+        kind = "store"
+        if self._streams() and s.buffer.name in self.func.attrs[STREAM_STORES]:  # type: ignore[union-attr]
+            kind = "stream" if element_dtype(s.value.dtype) == "float32" else "store"
+        return f"kiln_{kind}_{self.vt(s.value.dtype)}({target}, {self.expr(s.value)})"
 
     def operand(self, e: Expr) -> str:
         """An operand of infix vector arithmetic or a comparison: a broadcast scalar is written as is."""

@@ -106,6 +106,34 @@ def test_results_are_not_overwritten_unless_asked(model: CompiledModel):
     assert fast1[0] is fast2[0]  # the model's own buffer, reused
 
 
+def test_run_writes_into_fresh_arrays_and_recycles_only_dropped_ones(model: CompiledModel):
+    a, b = np.zeros((4, 8), np.float32), np.ones((4, 8), np.float32)
+    kept = model.run([a])
+    view = model.run([a])[1][:2]  # only a view of the second call's output survives
+    seen = set()
+    for _ in range(6):
+        y = model.run([b])
+        assert not np.shares_memory(y[0], kept[0]) and not np.shares_memory(y[1], kept[1])
+        assert not np.shares_memory(y[1], view) and y[0].ctypes.data % 64 == 0
+        assert model._slots[model.outputs[0]] == y[0].ctypes.data  # the kernel wrote into the array returned
+        seen.add(y[0].ctypes.data)
+    assert len(seen) <= 2  # dropped results are reused: a loop allocates nothing after its first calls
+    np.testing.assert_allclose(kept[0], reference(a)[0], rtol=1e-6)
+    np.testing.assert_array_equal(view, reference(a)[1][:2])
+    np.testing.assert_allclose(y[0], reference(b)[0], rtol=1e-6)
+
+
+def test_an_input_changed_in_place_is_read_again(model: CompiledModel):
+    x = np.zeros((4, 8), np.float32)
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    model.run([x], out=out)
+    x[:] = 3.0
+    np.testing.assert_array_equal(model.run([x], out=out)[1], x - 1)
+    np.testing.assert_array_equal(model.run([x])[1], x - 1)
+    y = x[:, ::-1]  # not contiguous: bound through a copy, whatever array was bound before
+    np.testing.assert_array_equal(model.run([y])[1], y - 1)
+
+
 def test_out_arrays(model: CompiledModel):
     x = np.full((4, 8), 0.5, np.float32)
     out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
@@ -216,3 +244,29 @@ def test_load_by_backend(model: CompiledModel, tmp_path: Path):
     (d / "manifest.json").write_text(json.dumps({**manifest, "format": "something else"}))
     with pytest.raises(KilnError, match="is not a Kiln compiled model"):
         CompiledModel.load(d)
+
+
+def test_bind_runs_on_arrays_bound_once(model: CompiledModel):
+    x = np.zeros((4, 8), np.float32)
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    call = model.bind([x], out=out)
+    assert call()[1] is out[1]
+    np.testing.assert_array_equal(out[1], x - 1)
+    x[:] = 2.0  # the contents change, the binding stays
+    other = model.run([np.ones((4, 8), np.float32)])  # another call binds other arrays in between
+    np.testing.assert_array_equal(call()[1], np.full((4, 8), 1.0, np.float32))
+    np.testing.assert_allclose(out[0], reference(x)[0], rtol=1e-6)
+    np.testing.assert_array_equal(other[1], np.zeros((4, 8), np.float32))
+    own = model.bind([np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::-1]])  # not contiguous: copied
+    np.testing.assert_array_equal(own()[1], np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::-1] - 1)
+    with pytest.raises(KilnError, match="input 'x'"):
+        model.bind([np.zeros((4, 8))])
+
+
+def test_out_overlapping_an_input_is_refused_after_any_earlier_call(model: CompiledModel):
+    x = np.zeros((4, 8), np.float32)
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    model.run([x], out=out)  # out checked against x and remembered
+    model.run([out[1]])  # out[1] becomes the input
+    with pytest.raises(KilnError, match="overlaps an input"):
+        model.run([out[1]], out=out)

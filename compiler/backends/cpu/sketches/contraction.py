@@ -31,7 +31,8 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
 from compiler.target import Target
 
-REGISTERS = 32  # vector registers on AVX-512 (16 on AVX2)
+NR_VALUES = (4, 8, 16, 32, 48, 64, 128)
+SPARE_REGISTERS = 4  # vector registers a micro-kernel keeps for B vectors and the broadcast A value
 
 
 class CpuContractionSketch(Sketch):
@@ -50,7 +51,7 @@ class CpuContractionSketch(Sketch):
             Knob("mr", tuple(v for v in (1, 2, 4, 6, 8, 12, 14) if v <= max(1, m_ext)), "register tile rows"),
             Knob(
                 "nr",
-                tuple(v for v in (4, 8, 16, 32, 48, 64) if v <= max(4, n_ext) or v == 4),
+                tuple(v for v in NR_VALUES if v <= max(4, n_ext) or v == 4),
                 "register tile columns",
             ),
             Knob("vector", vectors, "SIMD lanes along N"),
@@ -72,8 +73,11 @@ class CpuContractionSketch(Sketch):
         v, nr, mr = config["vector"], config["nr"], config["mr"]
         if nr % v:
             raise ScheduleError(f"contraction: vector {v} does not divide nr {nr}")
-        if mr * (nr // v) > REGISTERS - 4 and v > 1:
-            raise ScheduleError(f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector registers")
+        if v > 1 and mr * (nr // v) > target.vector_registers - SPARE_REGISTERS:
+            raise ScheduleError(
+                f"contraction: a {mr}x{nr} tile needs {mr * nr // v} vector accumulators; "
+                f"{target.device} has {target.vector_registers} vector registers"
+            )
         m_ext, n_ext = G.anchor_extents(group)
         if config["mc_tiles"] > 1 and mr * config["mc_tiles"] > 2 * m_ext:
             raise ScheduleError("contraction: the M cache block is far larger than M")
@@ -86,9 +90,21 @@ class CpuContractionSketch(Sketch):
         lanes = target.vector_lanes_f32
         v = lanes if n_ext >= lanes else max(x for x in (4, 8, 16) if x <= max(4, n_ext) and x <= lanes)
         nr = 2 * v if n_ext >= 2 * v else v
-        fitting = [x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext) and x * (nr // v) <= REGISTERS - 4]
-        # prefer a register tile that divides M (no row guards in the micro-kernel), then the larger one
-        mr = max(fitting, key=lambda x: (m_ext % x == 0, x))
+        accumulators = target.vector_registers - SPARE_REGISTERS
+        fitting = [x for x in (1, 2, 4, 6, 8) if x <= max(1, m_ext) and x * (nr // v) <= accumulators]
+        # the most rows of useful work per tile (a 6-row tile on AVX2's 16 registers, 6x16 = 12
+        # accumulators, beats a 4-row one that divides M: the FMA pipes need ~4 x fma_units independent
+        # accumulators); a tile that divides M (no row guards) wins ties
+        mr = max(fitting, key=lambda x: (m_ext / (-(-m_ext // x) * x) * x, m_ext % x == 0))
+        # few rows (a matrix-vector product): widen the tile along N until it has the 4 x fma_units
+        # independent accumulators that hide the FMA latency (1 x 128 floats on AVX-512 for M = 1)
+        while (
+            mr * (nr // v) < 4 * target.fma_units
+            and 2 * nr in NR_VALUES
+            and 2 * nr <= n_ext
+            and mr * (2 * nr // v) <= accumulators
+        ):
+            nr *= 2
         # the packed B panel (K x NC) and the A block (MC x K) should sit in about half of L2 each
         budget = target.l2_bytes // 2
         nc_cap = max(1, min(16, budget // max(1, 4 * k_ext * nr), -(-n_ext // nr)))
@@ -101,9 +117,8 @@ class CpuContractionSketch(Sketch):
             parallel = "batch_n"
         else:
             parallel = "batch_m"
-            while m_blocks < target.cores and mc_tiles > 1:
-                mc_tiles //= 2
-                m_blocks = batch * -(-m_ext // (mr * mc_tiles))
+            mc_tiles = _balanced_tiles(mc_tiles, m_ext, mr, batch, target.cores)
+            m_blocks = batch * -(-m_ext // (mr * mc_tiles))
             if m_blocks < 2:
                 parallel = "none" if n_blocks < 2 else "batch_n"
         if group.flops < 8 * PARALLEL_MIN_WORK:
@@ -290,6 +305,19 @@ class CpuContractionSketch(Sketch):
                 _, lane = sch.split(inner, [None, lanes])
                 sch.vectorize(lane)
         return pack
+
+
+def _balanced_tiles(cap: int, extent: int, tile: int, batch: int, cores: int) -> int:
+    """The cache-block tile count (a knob value up to ``cap``) whose blocks, dealt out statically to
+    ``cores`` threads, give the busiest thread the fewest rows (M = 256 in 6-row tiles: 96-row blocks make 3
+    blocks, one thread doing 192 rows; 12-row blocks make 22, 132 rows each); the larger count on ties."""
+
+    def busiest(t: int) -> int:
+        blocks = batch * -(-extent // (tile * t))
+        return -(-blocks // cores) * tile * t
+
+    values = [t for t in (1, 2, 4, 8, 16, 32) if t <= cap] or [1]
+    return min(values, key=lambda t: (busiest(t), -t))
 
 
 def _tiles_within(cap: int, extent: int, tile: int) -> int:

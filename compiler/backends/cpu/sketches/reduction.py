@@ -5,7 +5,9 @@ Schedule ("row" form, reductions over trailing axes): fuse the row axes into one
 reduction (and any kept intermediate) at that loop, vectorize each reduction with ``rfactor`` into
 ``accum`` x ``vector`` register accumulators, vectorize and unroll the elementwise epilogue, run rows in
 parallel. Knobs: ``vector``, ``accum``, ``unroll``, ``keep`` (recompute an expensive shared intermediate
-such as softmax's exp, or keep the row in a buffer), ``parallel``, ``div``.
+such as softmax's exp, or keep the row in a buffer), ``parallel``, ``div``, ``store`` (ordinary or
+non-temporal stores of a full-size output: streaming stores skip reading the output's lines and leave the
+input in the cache, which pays once input and output no longer fit in the last-level cache together).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import math
 
 from compiler.backends import group_analysis as G
+from compiler.backends.cpu.codegen import STREAM_STORES
 from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
+from compiler.dtypes import to_numpy
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
@@ -37,7 +41,7 @@ class CpuReductionSketch(Sketch):
     """Reduction groups on the CPU: rows in parallel, reductions in vector accumulators."""
 
     name = "reduction"
-    version = 1
+    version = 2  # 2: the store knob
     kinds = ("reduction",)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
@@ -49,6 +53,7 @@ class CpuReductionSketch(Sketch):
                 Knob("keep", ("recompute",)),
                 Knob("parallel", ("rows", "none")),
                 Knob("div", ("exact",)),
+                Knob("store", ("cached",)),
             ]
         lanes = target.vector_lanes_f32
         keep = ("recompute", "buffer") if _has_shared_expensive(group) else ("recompute",)
@@ -63,6 +68,11 @@ class CpuReductionSketch(Sketch):
                 ("reciprocal", "exact") if _divides(group) else ("exact",),
                 "divide by a per-row value, or multiply by its reciprocal computed once per row "
                 "(<= 1 ulp apart; division is several times slower)",
+            ),
+            Knob(
+                "store",
+                ("cached", "stream") if _full_output(group) else ("cached",),
+                "ordinary stores of the output, or non-temporal (streaming) vector stores",
             ),
         ]
 
@@ -85,6 +95,7 @@ class CpuReductionSketch(Sketch):
             "keep": "buffer" if _has_shared_expensive(group) else "recompute",
             "parallel": "rows" if rows >= 2 and rows * max(1, n) >= PARALLEL_MIN_WORK else "none",
             "div": "reciprocal" if _divides(group) else "exact",
+            "store": "stream" if G.row_form(group) and _streams_pay(group, target) else "cached",
         }
         if not G.row_form(group):
             config["keep"] = "recompute"
@@ -95,7 +106,11 @@ class CpuReductionSketch(Sketch):
                 config["vector"] = v
                 break
         v = config["vector"]
-        if v > 1 and n % (4 * v) == 0 and n >= 16 * v:
+        # a transcendental per element (softmax) hides the add/max latency by itself, and every extra
+        # accumulator adds v lanes to the per-row horizontal tree: measured, 2 beats 4 there (AVX-512
+        # softmax [4096,1024], 1 thread: 1.19 vs 1.44 ms); the cheap norms want 4
+        heavy = any(n_.op in EXPENSIVE for n_ in group.subgraph.nodes)
+        if v > 1 and n % (4 * v) == 0 and n >= 16 * v and not heavy:
             config["accum"] = 4
         elif v > 1 and n % (2 * v) == 0:
             config["accum"] = 2
@@ -145,7 +160,19 @@ class CpuReductionSketch(Sketch):
             sch.parallel(row)
         for buf in sch.root.alloc_buffers:
             buf.scope = "local"
+        if config["store"] == "stream":
+            sch.func.attrs[STREAM_STORES] = tuple(A.writes(b)[0].name for b in outs)
         return sch
+
+
+def _streams_pay(group: Group, target: Target) -> bool:
+    """Whether streaming stores pay by default: the group's input and output together overflow half the
+    last-level cache (then the output's lines would be read before being written, and evict the input)."""
+    nbytes = sum(math.prod(v.shape) * to_numpy(v.dtype).itemsize for v in (*group.inputs, *group.outputs))
+    # a transcendental per element (softmax's exp) makes the kernel compute-bound on 2 cores: measured,
+    # streaming then gains nothing there (the tuner can still pick it)
+    cheap = not any(n.op in EXPENSIVE for n in group.subgraph.nodes)
+    return _full_output(group) and cheap and nbytes > target.l3_bytes // 2
 
 
 def _divides(group: Group) -> bool:

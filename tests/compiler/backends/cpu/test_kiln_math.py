@@ -99,3 +99,17 @@ def test_special_values(lib: cbuild.KernelLibrary):
     tiny = evaluate(lib, "exp", 8, np.full(8, -100.0, np.float32))
     assert tiny[0] > 0 and abs(tiny[0] - np.float32(np.exp(-100.0))) <= 2e-45
     assert evaluate(lib, "sigmoid", 1, np.float32([-100.0]))[0] > 0
+
+
+@pytest.mark.parametrize("width", WIDTHS[1:])
+def test_exp_fast_path_gives_the_bits_of_the_full_path(lib: cbuild.KernelLibrary, width: int):
+    """Without vscalefps a vector whose lanes all have |x| < 86 takes a shorter path (no clamps, 2^n added
+    to the exponent bits); one lane outside sends the whole vector through the full path."""
+    x = np.linspace(-85.99, 85.99, 4 * width, dtype=np.float32)
+    mixed = x.copy()
+    mixed[width - 1 :: width] = np.float32([100.0, -100.0, np.nan, 86.0])[: len(mixed[width - 1 :: width])]
+    fast, full = evaluate(lib, "exp", width, x), evaluate(lib, "exp", width, mixed)
+    keep = np.ones(len(x), bool)
+    keep[width - 1 :: width] = False
+    np.testing.assert_array_equal(fast[keep], full[keep])
+    np.testing.assert_array_equal(fast, evaluate(lib, "exp", 1, x))  # and the scalar form's bits

@@ -161,3 +161,40 @@ def test_defaults_pass_their_own_check(kind):
             if group.kind == kind:
                 sk = sketch_for(group, CPU)
                 sk.check(group, sk.default(group, CPU), CPU)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_default_matmul_tile_fills_the_isas_registers(isa):
+    """The default register tile of a large matmul uses most of the target's vector registers as
+    accumulators (enough to cover the FMA latency) without spilling: 8x32 on AVX-512, 6x16 on AVX2."""
+    from compiler.errors import ScheduleError
+    from tests.targets import PINNED_TARGETS
+
+    target = PINNED_TARGETS[isa]
+    group = fuse(optimize(matmul_graph(1024, 1024, 1024, False, False, "none")), None).groups[0]
+    sketch = sketch_for(group, target)
+    cfg = sketch.default(group, target)
+    acc = cfg["mr"] * cfg["nr"] // cfg["vector"]
+    assert cfg["vector"] == target.vector_lanes_f32
+    assert 4 * target.fma_units <= acc <= target.vector_registers - 4, cfg
+    with pytest.raises(ScheduleError, match="vector registers"):
+        sketch.check(group, {**cfg, "mr": 8, "nr": 4 * cfg["vector"]}, target)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_default_matrix_vector_tile_hides_the_fma_latency(isa):
+    """With one row the tile widens along N until it holds 4 x fma_units independent accumulators."""
+    from tests.targets import PINNED_TARGETS
+
+    target = PINNED_TARGETS[isa]
+    group = fuse(optimize(matmul_graph(1, 128, 784, False, False, "bias_relu", weight=True)), None).groups[0]
+    cfg = sketch_for(group, target).default(group, target)
+    assert cfg["mr"] == 1 and cfg["nr"] // cfg["vector"] >= 4 * target.fma_units, cfg
+
+
+def test_m_blocks_are_dealt_out_evenly():
+    from compiler.backends.cpu.sketches.contraction import _balanced_tiles
+
+    assert _balanced_tiles(16, 256, 6, 1, 2) == 2  # 22 blocks of 12 rows, not 3 of 96 (192 rows on one)
+    assert _balanced_tiles(16, 1024, 8, 1, 2) == 16  # 8 blocks of 128: already even
+    assert _balanced_tiles(4, 64, 8, 1, 2) == 4

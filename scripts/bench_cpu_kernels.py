@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""CPU kernel benchmark: Kiln's default schedules vs numpy, onnxruntime and torch eager, on the kernels the
+CPU backend has to win (softmax, rmsnorm, layernorm, matmul) and on small whole models where the per-call
+overhead decides (the zoo's mlp, and an MNIST-sized MLP with batch 1).
+
+Method (the same for every contender):
+
+* the same number of threads for everyone (``--threads``, default 2): Kiln's OpenMP threads, onnxruntime's
+  intra-op threads, torch's threads, and OpenBLAS's (numpy) through ``OPENBLAS_NUM_THREADS``, set before
+  numpy is imported;
+* every contender's output is checked against the numpy reference before it is timed;
+* rounds are interleaved and each round starts at a different contender (round r runs them in the order
+  rotated by r), so slow drift of a shared machine hits everyone alike;
+* each round gives a median over repeats lasting at least ``--min-time`` seconds; the table shows the
+  median over rounds and the spread (lowest and highest round median).
+
+Kiln is timed three ways: ``kiln run()`` (the public call: fresh output arrays every call, nothing copied),
+``kiln out=`` (``run(x, out=...)``: outputs written into caller arrays) and ``kiln bind()`` (inputs and
+outputs bound once, each call one ctypes call: what onnxruntime's IOBinding does). onnxruntime runs with
+IOBinding: inputs and outputs bound once to preallocated numpy arrays. numpy and torch eager allocate their
+outputs per call.
+
+    python scripts/bench_cpu_kernels.py                       # the host's ISA (AVX-512 here)
+    KILN_HOST_ISA=avx2 python scripts/bench_cpu_kernels.py    # AVX2 code generated on this host
+    python scripts/bench_cpu_kernels.py --workloads softmax_large rmsnorm --rounds 7 --out table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _threads_from_argv() -> int:
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+        if a.startswith("--threads="):
+            return int(a.split("=", 1)[1])
+    return 2
+
+
+# OpenBLAS reads its thread count when numpy is first imported
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(_threads_from_argv()))
+os.environ.setdefault("OMP_NUM_THREADS", str(_threads_from_argv()))
+
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+WORKLOADS = ["softmax_large", "rmsnorm", "layernorm", "matmul", "mlp", "mnist_mlp"]
+
+
+def mnist_mlp():
+    """784 -> 128 -> relu -> 64 -> relu -> 10 on one image: a model where dispatch overhead decides."""
+    from compiler.builder import GraphBuilder
+
+    b = GraphBuilder("mnist_mlp")
+    rng = np.random.default_rng(17)
+    h = b.input("x", (1, 784))
+    for i, (n_in, n_out) in enumerate(((784, 128), (128, 64), (64, 10))):
+        w = b.param(f"fc{i}.weight", (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32))
+        bias = b.param(f"fc{i}.bias", (0.1 * rng.standard_normal(n_out)).astype(np.float32))
+        h = b.add(b.matmul(h, w), bias)
+        if i < 2:
+            h = b.relu(h)
+    return b.build([h])
+
+
+def mnist_numpy(graph, inputs):
+    p = {v.name: v.data for v in graph.params}
+
+    def run():
+        h = inputs[0]
+        for i in range(3):
+            h = h @ p[f"fc{i}.weight"] + p[f"fc{i}.bias"]
+            if i < 2:
+                h = np.maximum(h, 0)
+        return h
+
+    return run
+
+
+def graph_for(name: str):
+    from compiler.frontend.models import get_model
+
+    return mnist_mlp() if name == "mnist_mlp" else get_model(name)
+
+
+def command_line() -> str:
+    """This run's command, with the environment variables that change what is measured."""
+    names = ("KILN_HOST_ISA", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    env = [f"{k}={os.environ[k]}" for k in names if k in os.environ]
+    return " ".join([*env, "python", "scripts/bench_cpu_kernels.py", *sys.argv[1:]])
+
+
+def check(who: str, name: str, got, refs) -> None:
+    got = got if isinstance(got, (list, tuple)) else [got]
+    if len(got) != len(refs):
+        raise SystemExit(f"{who} returns {len(got)} outputs for {name}, the reference {len(refs)}")
+    for g, r in zip(got, refs):
+        g = g.detach().numpy() if hasattr(g, "detach") else np.asarray(g)
+        err = float(np.abs(g.reshape(r.shape) - r).max() / max(1.0, float(np.abs(r).max())))
+        if not np.isfinite(err) or err > 1e-3:
+            raise SystemExit(f"{who} computes {name} wrong: max relative error {err:.2e}")
+
+
+def ort_iobinding(graph, inputs, threads: int):
+    """onnxruntime with inputs and outputs bound once to preallocated arrays; (run, outputs) or None."""
+    try:
+        from compiler.frontend.onnx_export import ort_session
+    except ImportError:
+        return None
+    from compiler.dtypes import to_numpy
+
+    sess = ort_session(graph, threads=threads)
+    binding = sess.io_binding()
+    for meta, x in zip(sess.get_inputs(), inputs):
+        binding.bind_cpu_input(meta.name, x)
+    outs = [np.empty(v.type.shape, to_numpy(v.type.dtype)) for v in graph.outputs]
+    for meta, o in zip(sess.get_outputs(), outs):
+        binding.bind_output(meta.name, "cpu", 0, o.dtype, list(o.shape), o.ctypes.data)
+
+    def run():
+        sess.run_with_iobinding(binding)
+        return outs
+
+    return run
+
+
+def torch_eager(graph, inputs, threads: int):
+    try:
+        import torch
+    except ImportError:
+        return None
+    from scripts.torch_peer import eager_and_compiled, graph_to_torch
+
+    torch.set_num_threads(threads)
+    args = [torch.from_numpy(x) for x in inputs]
+    return eager_and_compiled(graph_to_torch(graph), args, graph.name, compile_mode=None)["torch eager"]
+
+
+def round_median(fn: Callable[[], object], min_time: float, max_iters: int = 2000) -> float:
+    """Median latency (us) of one round: repeats lasting at least ``min_time`` seconds (3 at least)."""
+    fn()
+    samples = []
+    start = time.perf_counter()
+    while (time.perf_counter() - start < min_time or len(samples) < 3) and len(samples) < max_iters:
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return statistics.median(samples)
+
+
+def rotated_rounds(contenders: dict[str, Callable[[], object]], rounds: int, min_time: float):
+    """{name: [round medians]}: round r times the contenders in their order rotated by r."""
+    names = list(contenders)
+    per: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            per[name].append(round_median(contenders[name], min_time))
+    return per
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="*", default=WORKLOADS)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-time", type=float, default=0.25, help="seconds per contender per round")
+    ap.add_argument("--no-torch", action="store_true", help="leave torch eager out")
+    ap.add_argument("--out", help="also write the markdown table here")
+    args = ap.parse_args()
+
+    from compiler.reference import random_inputs, run_reference
+    from compiler.target import Target
+    from scripts.bench_common import machine_line, markdown_table
+    from scripts.numpy_peer import peer_for
+    from tuner.api import compile as kiln_compile
+
+    target = Target.host()
+    rows = []
+    for name in args.workloads:
+        graph = graph_for(name)
+        inputs = random_inputs(graph, seed=0)
+        refs = run_reference(graph, inputs)
+        model = kiln_compile(graph, target)
+        model.num_threads = args.threads
+        bound = [np.empty_like(r) for r in refs]
+        contenders: dict[str, Callable[[], object]] = {
+            "kiln run()": lambda m=model, x=inputs: m.run(x),
+            "kiln out=": lambda m=model, x=inputs, o=bound: m.run(x, out=o),
+            "kiln bind()": model.bind(inputs, out=[np.empty_like(r) for r in refs]),
+        }
+        np_fn = mnist_numpy(graph, inputs) if name == "mnist_mlp" else peer_for(name, graph, inputs)
+        if np_fn is not None:
+            contenders["numpy"] = np_fn
+        ort = ort_iobinding(graph, inputs, args.threads)
+        if ort is not None:
+            contenders["onnxruntime"] = ort
+        if not args.no_torch:
+            eager = torch_eager(graph, inputs, args.threads)
+            if eager is not None:
+                contenders["torch eager"] = eager
+        for who, fn in contenders.items():
+            check(who, name, fn(), refs)
+        per = rotated_rounds(contenders, args.rounds, args.min_time)
+        med = {k: statistics.median(v) for k, v in per.items()}
+        peers = {k: v for k, v in med.items() if not k.startswith("kiln")}
+        best = min(peers, key=peers.get) if peers else None
+        row = {"workload": name}
+        for k, v in per.items():
+            fmt = ",.0f" if med[k] >= 100 else ".1f"
+            row[k] = f"{med[k]:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
+        if "onnxruntime" in med:
+            row["run() vs onnxruntime"] = f"{med['onnxruntime'] / med['kiln run()']:.2f}x"
+            row["bind() vs onnxruntime"] = f"{med['onnxruntime'] / med['kiln bind()']:.2f}x"
+        if best is not None:
+            row["bind() vs best peer"] = f"{peers[best] / med['kiln bind()']:.2f}x ({best})"
+        rows.append(row)
+        print(row, flush=True)
+
+    columns = ["workload", "kiln run()", "kiln out=", "kiln bind()", "numpy", "onnxruntime", "torch eager"]
+    columns = [c for c in columns if any(c in r for r in rows)]
+    ratios = ("run() vs onnxruntime", "bind() vs onnxruntime", "bind() vs best peer")
+    columns += [c for c in ratios if any(c in r for r in rows)]
+    text = (
+        f"# Kiln CPU kernels (default schedules) vs peers\n\n"
+        f"Machine: {machine_line()}; Kiln target `{target.key}` ({target.vector_bytes * 8}-bit vectors). "
+        f"`{command_line()}`; {args.threads} threads for every "
+        f"contender. Median over {args.rounds} interleaved rounds (rotated order) of per-round medians, in "
+        f"microseconds, with the lowest..highest round median in brackets. Outputs checked against the "
+        f"numpy reference first. `kiln run()` returns fresh arrays each call (no copy); `kiln out=` writes "
+        f"into caller arrays; `kiln bind()` and onnxruntime (IOBinding) run on arrays bound once; numpy "
+        f"and torch eager allocate per call.\n\n"
+        f"{markdown_table(rows, columns)}\n"
+    )
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

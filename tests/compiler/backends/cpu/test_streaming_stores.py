@@ -1,0 +1,63 @@
+"""Non-temporal stores (the reduction sketch's ``store`` knob): the kernel streams its full-size output
+where the address is aligned, falls back to ordinary stores where it is not, and fences every thread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.backends import get_backend
+from compiler.build import compile as build_compile
+from compiler.builder import GraphBuilder
+from compiler.reference import random_inputs, run_reference
+from compiler.target import Target
+from tests.compiler.backends.cpu.util import kernel_text
+
+
+def _layernorm(rows: int, n: int):
+    b = GraphBuilder("ln")
+    rng = np.random.default_rng(0)
+    g = b.param("g", rng.standard_normal(n).astype(np.float32))
+    beta = b.param("beta", rng.standard_normal(n).astype(np.float32))
+    return b.build([b.layer_norm(b.input("x", (rows, n)), g, beta, eps=1e-5)])
+
+
+def _compile(graph, **over):
+    def source(group, target):
+        sketch = get_backend(target).sketch_for(group)
+        return sketch.name, {**sketch.default(group, target), **over}, "test"
+
+    return build_compile(graph, Target.host(), configs=source)
+
+
+@pytest.mark.parametrize("parallel", ["rows", "none"])
+def test_streamed_output_is_right_aligned_or_not(parallel: str):
+    graph = _layernorm(64, 256)
+    model = _compile(graph, store="stream", parallel=parallel)
+    assert model.kernels[0].config["store"] == "stream"
+    text = kernel_text(model.source, model.kernels[0].name)
+    if Target.host().vector_lanes_f32 > 1:
+        assert "kiln_stream_f32x" in text
+    assert text.rstrip().endswith("kiln_sfence();\n}")
+    if parallel == "rows":  # each thread fences its share before the region's barrier
+        assert "#pragma omp for schedule(static) nowait" in text and text.count("kiln_sfence();") == 2
+    x = random_inputs(graph, seed=1)
+    ref = run_reference(graph, x)[0]
+    np.testing.assert_allclose(model.run(x)[0], ref, rtol=1e-4, atol=1e-4)  # aligned: streamed
+    misaligned = np.empty(ref.size + 1, np.float32)[1:].reshape(ref.shape)  # 4 bytes off: plain stores
+    np.testing.assert_allclose(model.run(x, out=[misaligned])[0], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_default_streams_only_memory_bound_outputs_beyond_the_cache():
+    from compiler.fusion import fuse
+    from compiler.passes import optimize
+
+    small = Target("cpu", "x86_64", "t", cores=2, vector_bytes=32, features=("avx2", "fma"), l3_bytes=1 << 20)
+    big = Target("cpu", "x86_64", "t", cores=2, vector_bytes=32, features=("avx2", "fma"), l3_bytes=1 << 30)
+    group = fuse(optimize(_layernorm(512, 512)), None).groups[0]  # 2 MiB in + out
+    sketch = get_backend(small).sketch_for(group)
+    assert sketch.default(group, small)["store"] == "stream"
+    assert sketch.default(group, big)["store"] == "cached"
+    b = GraphBuilder("sm")
+    softmax = fuse(optimize(b.build([b.softmax(b.input("x", (512, 512)), axis=-1)])), None).groups[0]
+    assert sketch.default(softmax, small)["store"] == "cached"  # exp-bound: streaming gains nothing
