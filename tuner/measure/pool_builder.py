@@ -4,7 +4,6 @@ workers by an id that changes whenever anything that shapes its code does."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import time
@@ -68,8 +67,11 @@ class PoolBuilder(Builder):
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # at interpreter exit module globals (contextlib included) may already be gone: plain try/except
+        try:  # noqa: SIM105
             self.close()
+        except Exception:
+            pass
 
 
 def task_id(task: Any) -> str:

@@ -8,7 +8,6 @@ and the statuses of a hung or crashed worker are the same for every backend."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from abc import abstractmethod
 from collections import OrderedDict
@@ -161,5 +160,8 @@ class WorkerRunner(Runner):
         self._loaded.clear()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # at interpreter exit module globals (contextlib included) may already be gone: plain try/except
+        try:  # noqa: SIM105
             self.close()
+        except Exception:
+            pass
