@@ -166,3 +166,24 @@ class FeatureRow(Base):
     length: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class LeaseRow(Base):
+    """A claim on shared tuning work by one worker (``kiln tune`` process), valid until ``expires_at``.
+
+    ``key`` is the sha256 of what is claimed (see :mod:`db.leases`): a task, one candidate config, a place
+    among a run's workers, or a short mutex. The owner renews its leases (a heartbeat) while it lives; a
+    lease past ``expires_at`` belongs to a dead worker and may be taken over. ``run_id`` names the run whose
+    budget a config claim counts against.
+    """
+
+    __tablename__ = "kiln_leases"
+    __table_args__ = (Index("ix_kiln_leases_owner", "owner"), Index("ix_kiln_leases_run", "run_id", "kind"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    owner: Mapped[str] = mapped_column(String(128))
+    run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(DateTime)

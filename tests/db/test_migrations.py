@@ -24,6 +24,7 @@ from tests.db.helpers import CPU, add_basics, rec
 
 ROOT = Path(__file__).resolve().parents[2]
 V1_FILE = Path(__file__).resolve().parent / "data" / "kiln_v0001.sqlite"
+HEAD = "0003_leases"
 KILN_TABLES = {
     "kiln_workloads",
     "kiln_targets",
@@ -32,6 +33,7 @@ KILN_TABLES = {
     "kiln_model_tasks",
     "kiln_fusion_plans",
     "kiln_features",
+    "kiln_leases",
     "kiln_alembic_version",
 }
 
@@ -49,8 +51,8 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_chain_and_version_table() -> None:
-    assert migrate.known_revisions() == ("0001", "0002")
-    assert migrate.head_revision() == "0002"
+    assert migrate.known_revisions() == ("0001", "0002", HEAD)
+    assert migrate.head_revision() == HEAD
     assert migrate.VERSION_TABLE == "kiln_alembic_version"
 
 
@@ -59,7 +61,7 @@ def test_new_database_is_created_at_head_through_alembic(empty_url: str) -> None
         tables = set(inspect(db.engine).get_table_names())
         assert tables == KILN_TABLES  # Kiln's own version table; no plain alembic_version
         with db.engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM kiln_alembic_version")).scalar() == "0002"
+            assert conn.execute(text("SELECT version_num FROM kiln_alembic_version")).scalar() == HEAD
 
 
 def test_models_match_migrations(empty_url: str) -> None:
@@ -137,8 +139,8 @@ def test_v1_file_is_refused_then_upgraded(tmp_path: Path) -> None:
     assert _sha(path) == digest  # nothing was written
     engine = make_engine(url)
     try:
-        assert migrate.upgrade(engine, url) == ("0001", "0002")
-        assert migrate.upgrade(engine, url) == ("0002", "0002")
+        assert migrate.upgrade(engine, url) == ("0001", HEAD)
+        assert migrate.upgrade(engine, url) == (HEAD, HEAD)
     finally:
         engine.dispose()
     with TuningDatabase.open(url) as db:
@@ -157,7 +159,7 @@ def test_v1_upgrade_on_postgresql(postgres_url: str) -> None:
         TuningDatabase.open(postgres_url)
     engine = make_engine(postgres_url)
     try:
-        assert migrate.upgrade(engine, postgres_url) == ("0001", "0002")
+        assert migrate.upgrade(engine, postgres_url) == ("0001", HEAD)
     finally:
         engine.dispose()
     with TuningDatabase.open(postgres_url) as db:
@@ -170,7 +172,7 @@ def test_kiln_db_upgrade_command(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tuner.cli", "db", "upgrade", "--db", f"sqlite:///{path}"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "upgraded the schema from revision 0001 to 0002" in done.stdout
+    assert "upgraded the schema from revision 0001 to 0003_leases" in done.stdout
     with TuningDatabase.open(f"sqlite:///{path}") as db:
         assert db.count_records() == 7
 
@@ -261,6 +263,6 @@ def test_optuna_and_kiln_share_one_database(empty_url: str, optuna_first: bool) 
             kiln_rev = conn.execute(text("SELECT version_num FROM kiln_alembic_version")).scalar()
             optuna_rev = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
     assert tables >= KILN_TABLES and {"studies", "trials", "alembic_version"} <= tables
-    assert kiln_rev == "0002" and optuna_rev and optuna_rev != kiln_rev
+    assert kiln_rev == HEAD and optuna_rev and optuna_rev != kiln_rev
     study = optuna.load_study(study_name="s", storage=empty_url)
     assert len(study.trials) == 4

@@ -74,7 +74,6 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
     from tests.tuner.fault_sketch import EXPECTED, FAULTS, fault_codegen, fault_task
     from tuner.measure import Measurer
     from tuner.search import TaskTuner
-    from tuner.storage import optuna_storage
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
     task = fault_task(CPU, shape=(16, 64))
@@ -88,7 +87,7 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
             builder_options={"codegen": fault_codegen, "timeout_s": 8},
             runner_options={"timeout_s": 3},
         ) as m:
-            tuner = TaskTuner(task, db, m, optuna_storage(url), "random", seed=1)
+            tuner = TaskTuner(task, db, m, "random", seed=1)
             for fault in FAULTS:  # every fault at least once, then random ones
                 tuner.study.enqueue_trial({"fault": fault, "vector": 8, "parallel": "none"})
             for _ in range(3):
