@@ -140,6 +140,11 @@ class Leases:
         with self.db._write("release leases") as conn:
             conn.execute(delete(LeaseRow).where(LeaseRow.owner == self.owner))
 
+    def purge_expired(self) -> int:
+        """Delete every expired lease (of dead workers: free to take anyway); returns how many."""
+        with self.db._write("purge expired leases") as conn:
+            return int(conn.execute(delete(LeaseRow).where(LeaseRow.expires_at < utc_now())).rowcount)
+
     def renew(self) -> int:
         """The heartbeat: push back the expiry of every lease of this worker; returns how many it holds."""
         with self.db._write("renew leases") as conn:

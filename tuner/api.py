@@ -384,6 +384,7 @@ def tune(
                     with leases.mutex(mutex):  # the last worker to leave closes the run
                         leases.release([worker_key])
                         if not leases.live(WORKER, run_id):
+                            leases.purge_expired()  # what dead workers left behind
                             database.finish_run(
                                 run_id, {**spec, "outcome": outcome, "spent_seconds": round(spent, 3)}
                             )

@@ -104,10 +104,13 @@ class TaskScheduler:
         return t.task.weight * max(rate, optimistic)
 
     def _pick(self, warm: list[TaskTuner]) -> TaskTuner:
-        """The warm-up's next task, else (epsilon) a random one, else the one of largest gain; among
-        those in that order, the first no other worker is tuning (see WorkShare.choose)."""
+        """The warm-up's next task (one without any record yet), else (epsilon) a random one, else the one
+        of largest gain; among those in that order, the first no other worker is tuning (WorkShare.choose)."""
+        for t in warm:  # another worker may have tuned it meanwhile: its records end its warm-up
+            if t.state.trials == 0:
+                t.refresh()
         live = [t for t in self.tuners if not t.state.done]
-        warm[:] = [t for t in warm if not t.state.done]
+        warm[:] = [t for t in warm if not t.state.done and t.state.trials == 0]
         if warm:
             order = warm + [t for t in live if t not in warm]
         elif self.rng.random() < self.epsilon:
