@@ -14,16 +14,18 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compiler.backends.sketch import Config
-from db.leases import Ident
 from db.records import RecordIn
 from db.status import Status
 from tuner.samplers import distributions, encoding, from_params, make_sampler, to_params
 from tuner.space import config_json
 from tuner.task import Task
 from tuner.workers import LocalShare, WorkShare
+
+if TYPE_CHECKING:
+    from db.leases import Ident
 
 log = logging.getLogger("kiln.search")
 

@@ -15,10 +15,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from db.leases import Heartbeat, Ident, Leases
-
 if TYPE_CHECKING:
     from db.database import TuningDatabase
+    from db.leases import Ident, Leases
 
 GO, WAIT, STOP = "go", "wait", "stop"
 
@@ -105,6 +104,8 @@ class DatabaseShare(WorkShare):
         poll_s: float = 0.2,
         heartbeat: bool = True,
     ) -> None:
+        from db.leases import Heartbeat, Leases  # SQLAlchemy: only once a worker shares a database
+
         self.leases = leases or Leases(db)
         self.run_id, self.budget, self.poll_s = run_id, budget, poll_s
         self._heartbeat = Heartbeat(self.leases).start() if heartbeat else None
