@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import zlib
 
+from compiler.frontend import load_model
 from tuner.api import tune
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
@@ -34,10 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seconds", type=float, default=0.1, help="wall time of one simulated measurement")
     p.add_argument("--sampler", default="tpe")
+    p.add_argument(
+        "--start-at", type=float, default=None, help="wait until this time (epoch seconds) after loading"
+    )
     args = p.parse_args(argv)
+    graph = load_model(args.model)
     measurer = Measurer(SimulatedBuilder(), SimulatedRunner(fixed_latency, seconds=args.seconds))
+    if args.start_at is not None:  # several workers start tuning together, their imports done
+        time.sleep(max(0.0, args.start_at - time.time()))
     summary = tune(
-        args.model,
+        graph,
         "cpu",
         args.db,
         Budget(trials_per_task=args.trials_per_task),
