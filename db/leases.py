@@ -211,8 +211,9 @@ class Leases:
 
         Returns (the configs this worker now holds, the configs that already have a record). A config held
         by another live worker is skipped. With ``budget`` (the trials of run ``run_id``), no more are
-        claimed than the budget minus the run's records and the other workers' live claims under it; the
-        claims of a run are serialized (a lock on its row), so concurrent workers never overshoot it.
+        claimed than the budget minus the run's records and the other workers' live claims under it, and
+        near its end no more than an even share among the run's live workers (so they finish together);
+        the claims of a run are serialized (a lock on its row), so concurrent workers never overshoot it.
         """
         if not configs:
             return [], set()
@@ -221,7 +222,11 @@ class Leases:
             if run_id is not None:
                 conn.execute(select(RunRow.id).where(RunRow.id == run_id).with_for_update())
                 if budget is not None:
-                    allowed = min(allowed, max(0, budget - self._used(conn, run_id)))
+                    left = max(0, budget - self._used(conn, run_id))
+                    workers = self._workers(conn, run_id)
+                    if left < allowed * workers:  # the end of the budget: share it, finish together
+                        left = -(-left // workers)
+                    allowed = min(allowed, left)
             recorded = self._recorded(conn, ident, configs)
             claimed: list[str] = []
             for c in configs:
@@ -258,6 +263,13 @@ class Leases:
             or 0
         )
         return int(stored) + int(flying)
+
+    def _workers(self, conn: Connection, run_id: int) -> int:
+        """Live workers of the run (at least 1: this one)."""
+        stmt = select(func.count()).where(
+            LeaseRow.kind == WORKER, LeaseRow.run_id == run_id, LeaseRow.expires_at >= utc_now()
+        )
+        return max(1, int(conn.execute(stmt).scalar() or 0))
 
     def _recorded(self, conn: Connection, ident: Ident, configs: Sequence[str]) -> set[str]:
         if not configs:

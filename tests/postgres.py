@@ -13,11 +13,13 @@ directory, so an interrupted test run never leaves a server behind.
 Fixtures (import them into a conftest or test module): ``postgres_server`` (session), ``postgres_templates``
 (session: an empty template database) and ``postgres_url`` (a fresh EMPTY database per test, dropped
 after it). Missing server binaries make these tests fail with a message, never skip; ``scripts/test``
-installs them.
+installs them. ``running_server(durable=True)`` is the same server for benchmarks (``scripts/bench_db.py``),
+with PostgreSQL's default durability.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
@@ -51,6 +53,10 @@ shutil.rmtree(sys.argv[3], ignore_errors=True)
 """
 
 
+class PostgresUnavailableError(RuntimeError):
+    """The PostgreSQL server binaries (or runuser / the postgres user, when root) are missing."""
+
+
 def find_pg_bin() -> Path | None:
     """The directory holding initdb, pg_ctl and postgres (PATH first, then /usr/lib/postgresql/*/bin)."""
     found = shutil.which("initdb")
@@ -81,29 +87,28 @@ class Server:
         )
 
 
-def _start() -> tuple[Server, subprocess.Popen[bytes]]:
+def _start(durable: bool = False) -> tuple[Server, subprocess.Popen[bytes]]:
     from port_for import get_port
     from pytest_postgresql.executors import PostgreSQLExecutor
 
     pg_bin = find_pg_bin()
     if pg_bin is None:
-        pytest.fail(
+        raise PostgresUnavailableError(
             "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found on PATH or in "
-            "/usr/lib/postgresql/*/bin: install the PostgreSQL server (scripts/test does, with apt-get)",
-            pytrace=False,
+            "/usr/lib/postgresql/*/bin: install the PostgreSQL server (scripts/test does, with apt-get)"
         )
     base = Path(tempfile.mkdtemp(prefix="kiln-pg-"))
     if os.geteuid() == 0:
         import pwd
 
         if shutil.which("runuser") is None:
-            pytest.fail("the tests run as root but `runuser` (util-linux) is missing", pytrace=False)
+            raise PostgresUnavailableError("running as root but `runuser` (util-linux) is missing")
         try:
             user = pwd.getpwnam("postgres")
         except KeyError:
-            pytest.fail(
-                "the tests run as root but there is no `postgres` user to run the server as", pytrace=False
-            )
+            raise PostgresUnavailableError(
+                "running as root but there is no `postgres` user to run the server as"
+            ) from None
         os.chown(base, user.pw_uid, user.pw_gid)
     wrapper = base / "pg_ctl"
     wrapper.write_text(WRAPPER.format(bin=pg_bin))
@@ -125,9 +130,8 @@ def _start() -> tuple[Server, subprocess.Popen[bytes]]:
         logfile=str(base / "server.log"),
         startparams="-w",
         dbname="postgres",
-        postgres_options=(
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        ),
+        postgres_options="-c max_connections=200"
+        + ("" if durable else " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"),
     )
     try:
         executor.start()
@@ -138,10 +142,11 @@ def _start() -> tuple[Server, subprocess.Popen[bytes]]:
     return Server(executor, port), guardian
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[Server]:
-    """A private PostgreSQL server for the whole test session (stopped and deleted afterwards)."""
-    server, guardian = _start()
+@contextlib.contextmanager
+def running_server(durable: bool = False) -> Iterator[Server]:
+    """A private PostgreSQL server for the block (stopped and deleted afterwards); ``durable`` keeps
+    fsync and synchronous commit on."""
+    server, guardian = _start(durable)
     try:
         yield server
     finally:
@@ -150,6 +155,16 @@ def postgres_server() -> Iterator[Server]:
         finally:
             guardian.stdin.close()  # type: ignore[union-attr]
             guardian.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Server]:
+    """A private PostgreSQL server for the whole test session (fails, never skips, without binaries)."""
+    try:
+        with running_server() as server:
+            yield server
+    except PostgresUnavailableError as exc:
+        pytest.fail(f"cannot start the PostgreSQL server for the database tests: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

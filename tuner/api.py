@@ -311,7 +311,7 @@ def tune(
             run_id,
             total_trials,
             leases,
-            heartbeat=not (database.dialect == "sqlite" and sqlite_path(database._url) is None),
+            heartbeat=not (database.dialect == "sqlite" and sqlite_path(database.url) is None),
         )
         seed_offset = 7919 * (resumed.workers if resumed is not None else 0)  # workers ask different configs
         done_before = resumed.done if resumed is not None else 0

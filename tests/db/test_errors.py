@@ -216,7 +216,7 @@ def test_missing_postgresql_binaries_fail_loudly(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(postgres.shutil, "which", lambda name: None)
     monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
-    with pytest.raises(pytest.fail.Exception, match=r"initdb, pg_ctl, postgres.*install"):
+    with pytest.raises(postgres.PostgresUnavailableError, match=r"initdb, pg_ctl, postgres.*install"):
         postgres._start()
 
 

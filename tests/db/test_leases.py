@@ -55,6 +55,20 @@ def test_config_claims_respect_the_run_budget(db: TuningDatabase) -> None:
     assert a.in_flight(run) == 1 and b.in_flight(run) == 3
 
 
+def test_the_end_of_a_budget_is_shared_among_the_live_workers(db: TuningDatabase) -> None:
+    ident = _ident(db)
+    run = db.begin_run("m", "h", CPU, {}, "test")
+    a, b = Leases(db, "a"), Leases(db, "b")
+    for w in (a, b):
+        assert w.claim(lease_key(WORKER, run, w.owner), WORKER, run)
+    configs = [f'{{"t":{i}}}' for i in range(8)]
+    mine, _ = a.claim_configs(ident, configs, run, budget=100)
+    assert len(mine) == 8  # far from the end: a whole batch
+    a.release_configs(ident, mine)
+    mine, _ = a.claim_configs(ident, configs, run, budget=9)
+    assert len(mine) == 5  # 9 left for 2 workers: ceil(9 / 2)
+
+
 def test_mutex_purge_and_new_records(db: TuningDatabase) -> None:
     ident = _ident(db)
     a, b = Leases(db, "a", ttl_s=0.2), Leases(db, "b")
