@@ -114,8 +114,10 @@ def test_kill_9_mid_run_leaves_a_consistent_database(tmp_path):
     assert out.returncode == 0, out.stderr
     with sqlite3.connect(path) as c:
         after = c.execute("select count(*) from kiln_records").fetchone()[0]
-        running = c.execute("select count(*) from trials where state = 'RUNNING'").fetchone()[0]
-    assert after == before + 4 and running == 0
+        tables = {row[0] for row in c.execute("select name from sqlite_master where type = 'table'")}
+        claims = c.execute("select count(*) from kiln_leases where kind = 'config'").fetchone()[0]
+    assert after == before + 4 and "trials" not in tables  # no Optuna study in the database to repair
+    assert claims <= 4  # at most the killed worker's in-flight batch, claimed until its leases expire
 
 
 def test_record_that_no_longer_validates_is_skipped_with_a_warning(tmp_path):
