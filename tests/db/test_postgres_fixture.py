@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = """
 import os, time
@@ -27,8 +25,6 @@ def test_hold(postgres_server):
     Path(os.environ["KILN_PG_INFO"]).write_text(f"{postgres_server.port} {base}")
     time.sleep(120)
 """
-
-pytestmark = pytest.mark.xdist_group("postgres")
 
 
 def _listening(port: int) -> bool:

@@ -32,7 +32,6 @@ from tuner.workers import DatabaseShare
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, PER_TASK, BATCH, TTL = "encoder_layer", 6, 4, "2"
 
-pytestmark = pytest.mark.xdist_group("postgres")
 postgres_server = postgres.postgres_server  # the PostgreSQL fixtures of tests/postgres.py
 postgres_templates = postgres.postgres_templates
 postgres_url = postgres.postgres_url
