@@ -1,9 +1,9 @@
 """SQLAlchemy ORM tables of the tuning database (the schema at the head migration).
 
-Every table is prefixed ``kiln_`` so that Optuna's RDB storage (its own tables and its own
-``alembic_version``) can live in the same database. JSON columns hold canonical JSON text
-(``json.dumps(sort_keys=True, separators=(",", ":"))``) so that equality is exact on every backend;
-they are read back with ``json.loads`` only. Timestamps are naive UTC.
+Every table is prefixed ``kiln_`` so that other tables (e.g. Optuna's RDB storage, with its own
+``alembic_version``, in databases written by earlier Kiln versions) can live in the same database.
+JSON columns hold canonical JSON text (``json.dumps(sort_keys=True, separators=(",", ":"))``) so that
+equality is exact on every backend; they are read back with ``json.loads`` only. Timestamps are naive UTC.
 
 The schema is created and changed only through the alembic migrations in ``db/migrations``; a test checks
 that the migrations at head produce exactly these tables.
