@@ -2,7 +2,8 @@
 
 The migration scripts live inside the package (``db/migrations``) and are driven from here, so no
 ``alembic.ini`` is needed in the user's working directory. Kiln's alembic version table is
-``kiln_alembic_version`` (Optuna keeps its own ``alembic_version`` in the same database).
+``kiln_alembic_version``, so another tool's ``alembic_version`` in the same database never clashes
+(Optuna's, in databases where earlier Kiln versions kept Optuna studies).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """SQLAlchemy ORM tables of the tuning database (the schema at the head migration).
 
-Every table is prefixed ``kiln_`` so that Optuna's RDB storage (its own tables and its own
-``alembic_version``) can live in the same database. JSON columns hold canonical JSON text
-(``json.dumps(sort_keys=True, separators=(",", ":"))``) so that equality is exact on every backend;
-they are read back with ``json.loads`` only. Timestamps are naive UTC.
+Every table is prefixed ``kiln_`` so that other tables (e.g. Optuna's RDB storage, with its own
+``alembic_version``, in databases written by earlier Kiln versions) can live in the same database.
+JSON columns hold canonical JSON text (``json.dumps(sort_keys=True, separators=(",", ":"))``) so that
+equality is exact on every backend; they are read back with ``json.loads`` only. Timestamps are naive UTC.
 
 The schema is created and changed only through the alembic migrations in ``db/migrations``; a test checks
 that the migrations at head produce exactly these tables.
@@ -242,3 +242,24 @@ class BenchResultRow(Base):
     bytes: Mapped[float] = mapped_column(Double)
     note: Mapped[str] = mapped_column(Text)
     info: Mapped[str] = mapped_column(Text)
+
+
+class LeaseRow(Base):
+    """A claim on shared tuning work by one worker (``kiln tune`` process), valid until ``expires_at``.
+
+    ``key`` is the sha256 of what is claimed (see :mod:`db.leases`): a task, one candidate config, a place
+    among a run's workers, or a short mutex. The owner renews its leases (a heartbeat) while it lives; a
+    lease past ``expires_at`` belongs to a dead worker and may be taken over. ``run_id`` names the run whose
+    budget a config claim counts against.
+    """
+
+    __tablename__ = "kiln_leases"
+    __table_args__ = (Index("ix_kiln_leases_owner", "owner"), Index("ix_kiln_leases_run", "run_id", "kind"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    owner: Mapped[str] = mapped_column(String(128))
+    run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(DateTime)

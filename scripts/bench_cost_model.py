@@ -297,7 +297,6 @@ def warm_records(cache: MeasureCache, db: TuningDatabase, exclude: str) -> int:
 def run_one(cache: MeasureCache, spec: str, method: str, seed: int, args: argparse.Namespace) -> dict:
     from tuner.cost_filter import make_candidate_filter
     from tuner.search import TaskTuner
-    from tuner.storage import optuna_storage
 
     target = cache.target
     task = get_task(spec, target)
@@ -314,7 +313,7 @@ def run_one(cache: MeasureCache, spec: str, method: str, seed: int, args: argpar
             keep_default=not args.no_default,
         )  # fmt: skip
     sampler = "random" if method == "random" else "tpe"
-    tuner = TaskTuner(task, db, measurer, optuna_storage(db.url), sampler, seed, None, None, flt, oversample)
+    tuner = TaskTuner(task, db, measurer, sampler, seed, None, None, flt, oversample)
     if args.no_default:  # drop the enqueued default: measure the search, not the rule-based prior
         import optuna
 

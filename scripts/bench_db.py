@@ -149,10 +149,11 @@ def main() -> int:
                 "sqlite", f"sqlite:///{tmp}/bench.db", args
             )
         if "postgresql" in args.backends:
-            from db.testing import TemporaryPostgres
+            from tests.postgres import running_server
 
-            with TemporaryPostgres(durable=True) as pg:
-                url = pg.create_database("kiln_bench")
+            with running_server(durable=True) as pg:
+                pg.janitor("kiln_bench").init()
+                url = pg.url("kiln_bench")
                 results["PostgreSQL 15 (local, fsync on)"] = bench_backend("postgresql", url, args)
 
     print(f"{args.records:,} records over {args.workloads:,} workloads; Python {platform.python_version()}\n")

@@ -31,6 +31,8 @@ from compiler.graph import Graph
 from compiler.reference import random_inputs
 from compiler.target import Target
 from db.database import TuningDatabase
+from db.engine import sqlite_path
+from db.leases import WORKER, Leases, lease_key
 from db.records import Confirmation
 from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text
 from tuner.cost_filter import make_candidate_filter
@@ -40,8 +42,8 @@ from tuner.records import database_config_source
 from tuner.scheduler import Budget, TaskScheduler
 from tuner.search import TaskResult, TaskTuner
 from tuner.space import config_json
-from tuner.storage import optuna_storage
 from tuner.task import Task, extract_tasks
+from tuner.workers import DatabaseShare
 
 COST_MODELS = ("gbdt", "analytic", "none")
 
@@ -83,9 +85,11 @@ class Resume:
     budget_trials: int | None
     spent_seconds: float
     budget_seconds: float | None
+    workers: int = 0  # other live workers tuning the run (it is shared, not resumed after a stop)
 
     def message(self) -> str:
-        """``resuming run 3: 40 of 64 trials done, 24 left`` (or, for a time budget, seconds)."""
+        """``resuming run 3: 40 of 64 trials done, 24 left`` (or, for a time budget, seconds), and how many
+        other workers are tuning it."""
         if self.budget_trials is not None:
             left = max(0, self.budget_trials - self.done)
             text = f"resuming run {self.run_id}: {self.done} of {self.budget_trials} trials done, {left} left"
@@ -94,6 +98,8 @@ class Resume:
         if self.budget_seconds is not None:
             left_s = max(0.0, self.budget_seconds - self.spent_seconds)
             text += f"; {self.spent_seconds:.0f} s of {self.budget_seconds:g} s spent, {left_s:.0f} s left"
+        if self.workers:
+            text += f"; {self.workers} other worker{'s' if self.workers > 1 else ''} on it"
         return text
 
 
@@ -292,10 +298,15 @@ def tune(
     ``kiln tune`` on ``progress_file`` (default stdout).
 
     With ``resume`` (the default), when the latest run of this model on this target with the same budget
-    and arguments did not complete (interrupted, failed, or killed), that run is continued: only the budget
-    it had left is spent, counting the records stored under it. The run's row in the database is closed
-    (end time set, with how it ended) whatever happens; Ctrl-C stops after the current batch's results are
-    committed and gives a summary with ``interrupted`` set.
+    and arguments did not complete (interrupted, failed, killed, or still being tuned by other workers),
+    that run is continued: only the budget it had left is spent, counting the records stored under it.
+
+    This process is one *worker* (:mod:`tuner.workers`): any number of ``tune`` calls with the same
+    arguments on one database (one machine or many) share one run and its budget; they tune different
+    tasks while there are enough, never measure a config twice, and a killed worker's claims expire
+    (``$KILN_LEASE_TTL`` seconds, default 30) so the others measure them. The last worker to leave closes
+    the run's row (end time set, with how it ended) whatever happens; Ctrl-C stops after the current
+    batch's results are committed and gives a summary with ``interrupted`` set.
 
     Unless interrupted, the run ends by confirming each task's best candidate: it and the default are
     measured again in ``confirm_rounds`` interleaved rounds (0: no confirmation) and the result is stored
@@ -333,15 +344,30 @@ def tune(
     }
     with _database(db) as database:
         database.check_integrity()  # a damaged file is one clear error before anything is written
-        found = _unfinished_run(database, graph, target, spec) if resume else None
-        if found is None:
-            run_id = _begin_run(database, graph, target, chosen, spec, not tasks, command_line)
-            resumed = None
-        else:
-            run_id, resumed = found
-            database.reopen_run(
-                run_id, {**spec, "spent_seconds": resumed.spent_seconds, "resumed_at": _now_iso()}
-            )
+        leases = Leases(database)
+        mutex = f"run:{graph.structural_hash()}:{target.key}"
+        with leases.mutex(mutex):  # workers starting together join one run
+            found = _unfinished_run(database, graph, target, spec, leases) if resume else None
+            if found is None:
+                run_id = _begin_run(database, graph, target, chosen, spec, not tasks, command_line)
+                resumed = None
+            else:
+                run_id, resumed = found
+                if not resumed.workers:
+                    database.reopen_run(
+                        run_id, {**spec, "spent_seconds": resumed.spent_seconds, "resumed_at": _now_iso()}
+                    )
+            worker_key = lease_key(WORKER, run_id, leases.owner)
+            leases.claim(worker_key, WORKER, run_id)
+        # a private in-memory SQLite database has one worker and one connection: no heartbeat thread on it
+        share = DatabaseShare(
+            database,
+            run_id,
+            total_trials,
+            leases,
+            heartbeat=not (database.dialect == "sqlite" and sqlite_path(database.url) is None),
+        )
+        seed_offset = 7919 * (resumed.workers if resumed is not None else 0)  # workers ask different configs
         done_before = resumed.done if resumed is not None else 0
         spent_before = resumed.spent_seconds if resumed is not None else 0.0
         left = Budget(
@@ -357,7 +383,6 @@ def tune(
         try:
             if progress and resumed is not None:
                 print(resumed.message(), file=progress_file or sys.stdout, flush=True)
-            storage = optuna_storage(database.url)
             candidate_filter, oversample = make_candidate_filter(cost_model, database, target, seed=seed)
             if measurer is None:
                 measurer = create_measurer(target, workers=workers)
@@ -366,13 +391,13 @@ def tune(
                     t,
                     database,
                     measurer,
-                    storage,
                     sampler,
-                    seed=seed + i,
+                    seed=seed + i + seed_offset,
                     early_stop=early_stop,
                     run_id=run_id,
                     candidate_filter=candidate_filter,
                     oversample=oversample,
+                    share=share,
                 )
                 for i, t in enumerate(chosen)
             ]
@@ -392,7 +417,12 @@ def tune(
                 )
             with display as live:
                 scheduler = TaskScheduler(
-                    tuners, left, batch, seed=seed, on_round=live.update if live is not None else None
+                    tuners,
+                    left,
+                    batch,
+                    seed=seed,
+                    on_round=live.update if live is not None else None,
+                    share=share,
                 )
                 if _has_budget(left):
                     try:
@@ -413,20 +443,30 @@ def tune(
                     interrupted = True
             outcome = "interrupted" if interrupted else "complete"
         except Exception as exc:
-            _raise_study_error(database, exc)
+            _raise_database_error(database, exc)
             raise
         finally:
             try:
                 if own_measurer and measurer is not None:
                     measurer.close()
             finally:
-                spent = spent_before + time.monotonic() - started
-                database.finish_run(run_id, {**spec, "outcome": outcome, "spent_seconds": round(spent, 3)})
+                try:
+                    spent = spent_before + time.monotonic() - started
+                    with leases.mutex(mutex):  # the last worker to leave closes the run
+                        leases.release([worker_key])
+                        if not leases.live(WORKER, run_id):
+                            leases.purge_expired()  # what dead workers left behind
+                            database.finish_run(
+                                run_id, {**spec, "outcome": outcome, "spent_seconds": round(spent, 3)}
+                            )
+                finally:
+                    share.close()
         counts = database.run_record_counts(run_id)
         results = [
             dataclasses.replace(TaskResult.of(t), measured=counts.get(t.task.workload_key, 0)) for t in tuners
         ]
         stored = sum(counts.values())
+        measured_now = sum(t.state.measured for t in tuners) - sum(before.values()) if tuners else 0
         timing = None
         if time_model and not interrupted and not tasks and target.kind == "cpu":
             timing = time_compiled_model(graph, target, database)
@@ -435,7 +475,7 @@ def tune(
         graph.name,
         target.key,
         results,
-        stored - done_before,
+        measured_now,
         interrupted,
         timing,
         stored=stored,
@@ -470,21 +510,16 @@ def _confirm_printer(
     return show
 
 
-def _raise_study_error(database: TuningDatabase, exc: Exception) -> None:
-    """Raise an error of the Optuna study's storage (its tables share the database) as one DatabaseError
-    naming the database, never a traceback through Optuna's internals; return for any other error."""
-    import optuna
+def _raise_database_error(database: TuningDatabase, exc: Exception) -> None:
+    """Raise a SQLAlchemy error that escaped the run (leases, records, run rows) as one DatabaseError naming
+    the database, never a traceback through SQLAlchemy's internals; return for any other error."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from db.engine import translate_errors
-    from db.errors import DatabaseError
 
-    cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
-    if isinstance(cause, SQLAlchemyError):
-        with translate_errors(database._url, "update the Optuna study"):
-            raise cause from None
-    if isinstance(exc, optuna.exceptions.StorageInternalError):
-        raise DatabaseError(f"cannot update the Optuna study in {database.url}: {exc}") from None
+    if isinstance(exc, SQLAlchemyError):
+        with translate_errors(database._url, "tune"):
+            raise exc from None
 
 
 def _has_budget(budget: Budget) -> bool:
@@ -500,10 +535,11 @@ def _resume_key(spec: dict) -> dict:
 
 
 def _unfinished_run(
-    db: TuningDatabase, graph: Graph, target: Target, spec: dict
+    db: TuningDatabase, graph: Graph, target: Target, spec: dict, leases: Leases
 ) -> tuple[int, Resume] | None:
     """The latest run of this model (same structure) on ``target`` with the same budget and arguments,
-    when it did not complete, with what it had stored and spent; None otherwise."""
+    when it did not complete, with what it had stored and spent and how many live workers tune it; None
+    otherwise."""
     model_hash = graph.structural_hash()
     same = [
         r
@@ -519,16 +555,17 @@ def _unfinished_run(
     if run.budget.get("outcome") == "complete":
         return None
     done = sum(db.run_record_counts(run.id).values())
+    workers = leases.live(WORKER, run.id)
     spent = float(run.budget.get("spent_seconds") or 0.0)
-    if run.budget.get("outcome") is None:  # killed: the time up to its last record counts as spent
-        last = db.run_last_record_at(run.id)
+    if run.budget.get("outcome") is None:  # live, or killed: the time up to now / its last record is spent
+        last = datetime.now(UTC) if workers else db.run_last_record_at(run.id)
         since = run.budget.get("resumed_at")
         start = run.started_at
         if since:
             start = datetime.strptime(since, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
         if last is not None and last > start:
             spent += (last - start).total_seconds()
-    return run.id, Resume(run.id, done, spec["trials"], spent, spec["seconds"])
+    return run.id, Resume(run.id, done, spec["trials"], spent, spec["seconds"], workers)
 
 
 def _begin_run(

@@ -5,6 +5,10 @@ to the task with the largest expected gain per trial in whole-model latency: wei
 improvement of its best latency, with an optimistic floor proportional to its current best), plus a
 small epsilon of random choice so no task starves. Tasks that stopped early or exhausted their space
 leave the rotation. The budget is a number of measured trials or a wall-clock time, whichever is given.
+
+Several workers sharing a run (:mod:`tuner.workers`) each run a scheduler: each takes, among the tasks it
+would pick, the first that no other worker is tuning, and stops when the run's shared trial budget is
+spent (waiting while the rest of it is in flight with other workers, whose claims come back if they die).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuner.search import TaskTuner
+from tuner.workers import GO, STOP, LocalShare, WorkShare
 
 
 @dataclass
@@ -60,6 +65,7 @@ class TaskScheduler:
         seed: int = 0,
         on_round: Callable[[TaskTuner, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        share: WorkShare | None = None,
     ) -> None:
         self.tuners = list(tuners)
         self.budget = budget
@@ -71,6 +77,7 @@ class TaskScheduler:
         self.measured = 0
         self.clock = clock  # seconds; injectable so a time budget is testable without a wall clock
         self.started = clock()
+        self.share = share if share is not None else LocalShare()
 
     def _left(self) -> bool:
         if self.budget.trials is not None and self.measured >= self.budget.trials:
@@ -97,23 +104,40 @@ class TaskScheduler:
         return t.task.weight * max(rate, optimistic)
 
     def _pick(self, warm: list[TaskTuner]) -> TaskTuner:
-        if warm:
-            return warm.pop(0)
+        """The warm-up's next task (one without any record yet), else (epsilon) a random one, else the one
+        of largest gain; among those in that order, the first no other worker is tuning (WorkShare.choose)."""
+        for t in warm:  # another worker may have tuned it meanwhile: its records end its warm-up
+            if t.state.trials == 0:
+                t.refresh()
         live = [t for t in self.tuners if not t.state.done]
-        if self.rng.random() < self.epsilon:
-            return self.rng.choice(live)
-        return max(live, key=self.gain)
+        warm[:] = [t for t in warm if not t.state.done and t.state.trials == 0]
+        if warm:
+            order = warm + [t for t in live if t not in warm]
+        elif self.rng.random() < self.epsilon:
+            order = self.rng.sample(live, len(live))
+        else:
+            order = sorted(live, key=self.gain, reverse=True)
+        chosen = order[self.share.choose([t.ident for t in order])]
+        if chosen in warm:
+            warm.remove(chosen)
+        return chosen
 
     def run(self) -> int:
         """Spend the budget; returns the number of measured trials. Ctrl-C stops after the current batch's
         results are committed (the measurer finishes or is interrupted; nothing half-written is kept)."""
         warm = [t for t in self.tuners if not t.state.done]
         while self._left():
-            t = self._pick(warm)
-            if t.state.done:
+            gate = self.share.gate()
+            if gate == STOP:
+                break
+            if gate != GO:
+                self.share.pause()
                 continue
+            t = self._pick(warm)
             n = t.step(self._batch_for())
             self.measured += n
             if self.on_round is not None:
                 self.on_round(t, n)
+            if n == 0 and not t.state.done:  # other workers hold every candidate asked: let them finish
+                self.share.pause()
         return self.measured

@@ -1,10 +1,11 @@
-"""Search one task with Optuna: ask a batch, filter, measure, record, tell.
+"""Search one task with Optuna: refresh from the records, ask a batch, filter, claim, measure, record, tell.
 
-One study per (workload, target, sketch version, space) is stored through Optuna's RDB storage in the
-tuning database's own URL, so a run can be resumed and optuna-dashboard can open it. The rule-based
-default config is enqueued first, so tuning never ends worse than the default. A config already
-measured (in this study or in the database) is answered from its record instead of being measured again.
-Every result, errors included, is committed to the tuning database.
+The tuning database's records are the one history. Each worker keeps a private in-memory Optuna study per
+task, seeded with the task's records and refreshed with the records other workers commit, so a run
+resumes (and several workers cooperate) without any Optuna state in the database. The rule-based default
+config is enqueued first, so tuning never ends worse than the default. A config already measured (by
+anyone) is answered from its record instead of being measured again, and a candidate is claimed before it
+is measured (:mod:`tuner.workers`). Every result, errors included, is committed to the tuning database.
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compiler.backends.sketch import Config
 from db.records import RecordIn
 from db.status import Status
 from tuner.samplers import distributions, encoding, from_params, make_sampler, to_params
-from tuner.space import config_json, space_signature
+from tuner.space import config_json
 from tuner.task import Task
+from tuner.workers import LocalShare, WorkShare
+
+if TYPE_CHECKING:
+    from db.leases import Ident
 
 log = logging.getLogger("kiln.search")
 
@@ -89,93 +94,123 @@ class TaskResult:
         )
 
 
-def study_name(task: Task) -> str:
-    return (
-        f"kiln:{task.workload_key[:16]}:{task.target.key}:{task.sketch.name}.v{task.sketch.version}:"
-        f"{space_signature(task.space())}"
-    )
-
-
 class TaskTuner:
-    """Optuna search of one task; :meth:`step` measures one batch."""
+    """Optuna search of one task; :meth:`step` measures one batch.
+
+    The records are the one history: the study is an in-memory Optuna study of this process, seeded with
+    every record of the task (its workload, target, sketch and version) and refreshed with the records
+    other workers (or runs) committed before each batch. Nothing of the study is stored, so nothing needs
+    repairing after a kill. With a :class:`~tuner.workers.WorkShare` (default: a worker alone), each
+    candidate is claimed before it is measured, so workers sharing a database never measure a config
+    twice.
+    """
 
     def __init__(
         self,
         task: Task,
         db: Any,
         measurer: Any,
-        storage: Any,
         sampler: str = "tpe",
         seed: int | None = None,
         early_stop: int | None = None,
         run_id: int | None = None,
         candidate_filter: CandidateFilter | None = None,
         oversample: int = 1,
+        share: WorkShare | None = None,
     ) -> None:
         import optuna
 
         self.task, self.db, self.measurer, self.run_id = task, db, measurer, run_id
+        self.ident: Ident = (task.workload_key, task.target.key, task.sketch.name, task.sketch.version)
         self.space = task.space()
         self.how = encoding(sampler)
         self.dists = distributions(self.space, self.how)
         self.early_stop = early_stop
         self.candidate_filter = candidate_filter
         self.oversample = max(1, oversample)
+        self.share = share if share is not None else LocalShare()
         self.state = TaskState()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(
-            study_name=study_name(task),
-            storage=storage,
-            sampler=make_sampler(sampler, seed),
-            direction="minimize",
-            load_if_exists=True,
-        )
-        self._fail_stale_trials()
-        self.known: dict[str, tuple[Status, float | None]] = self._known_results()
+        self.study = optuna.create_study(sampler=make_sampler(sampler, seed), direction="minimize")
+        self.known: dict[str, tuple[Status, float | None]] = {}
+        self._last_id = 0
         default = task.default()
         self.default_key = config_json(default)
+        self.refresh(initial=True)
         if self.default_key not in self.known:
             self.study.enqueue_trial(to_params(self.space, default, self.how), skip_if_exists=True)
-        self._restore_state()
 
-    # ------------------------------------------------------------------ setup
-    def _fail_stale_trials(self) -> None:
-        """Trials left RUNNING by an interrupted run are failed so the study stays consistent."""
+    # ------------------------------------------------------------ the records
+    def refresh(self, initial: bool = False) -> int:
+        """Read the task's records committed since the last look (all of them the first time) into the
+        study and the state; returns how many were new. Records read at start do not count towards early
+        stopping (a rerun continues a task, it does not inherit its plateau)."""
+        from db.leases import records_since
+
+        new = records_since(self.db, self.ident, self._last_id)
+        for r in new:
+            self._last_id = max(self._last_id, r.id)
+            key = config_json(r.config)
+            if key in self.known:  # measured by this worker (already told) or twice
+                continue
+            status = Status(r.status)
+            median = r.median_us if status == Status.OK else None
+            self.known[key] = (status, median)
+            self._add_trial(r.config, status, median)
+            self._account(key, status, median, count=not initial)
+        if new and self.state.best_us is not None:
+            self.state.history.append((self.state.trials, self.state.best_us))
+        self._check_early_stop()
+        return len(new)
+
+    def _add_trial(self, config: Config, status: Status, median: float | None) -> None:
+        """Add a finished trial for a recorded config (one outside today's knob space is left out)."""
         import optuna
 
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        try:
+            params = to_params(self.space, config, self.how)
+            for name, value in params.items():
+                self.dists[name].to_internal_repr(value)
+        except (KeyError, ValueError, TypeError):
+            return
+        if status == Status.OK and median is not None:
+            trial = optuna.trial.create_trial(params=params, distributions=self.dists, value=median)
+        else:
+            trial = optuna.trial.create_trial(
+                params=params, distributions=self.dists, state=optuna.trial.TrialState.FAIL
+            )
+        self.study.add_trial(trial)
 
-    def _known_results(self) -> dict[str, tuple[Status, float | None]]:
-        out: dict[str, tuple[Status, float | None]] = {}
-        for r in self.db.find_records(self.task.workload_key, self.task.target.key):
-            if r.sketch != self.task.sketch.name or r.sketch_version != self.task.sketch.version:
-                continue
-            key = config_json(r.config)
-            prev = out.get(key)
-            if prev is None or (r.median_us is not None and (prev[1] is None or r.median_us < prev[1])):
-                out[key] = (Status(r.status), r.median_us)
-        return out
-
-    def _restore_state(self) -> None:
+    def _account(self, key: str, status: Status, median: float | None, count: bool = True) -> None:
+        """Update the state with one config's result (``count``: towards early stopping)."""
         s = self.state
-        for key, (status, median) in self.known.items():
-            s.trials += 1
-            if status == Status.OK and median is not None:
-                if key == self.default_key:
-                    s.default_us = median
-                if s.best_us is None or median < s.best_us:
-                    s.best_us, s.best_config = median, _loads(key)
-            else:
-                s.errors[status.value] = s.errors.get(status.value, 0) + 1
-        if s.best_us is not None:
-            s.history.append((s.trials, s.best_us))
+        s.trials += 1
+        if status == Status.OK and median is not None:
+            if key == self.default_key:
+                s.default_us = median
+            improved = s.best_us is None or median < 0.99 * s.best_us
+            if s.best_us is None or median < s.best_us:
+                s.best_us, s.best_config = median, _loads(key)
+            if count:
+                s.since_improvement = 0 if improved else s.since_improvement + 1
+        else:
+            s.errors[status.value] = s.errors.get(status.value, 0) + 1
+            if count:
+                s.since_improvement += 1
+
+    def _check_early_stop(self) -> None:
+        if self.early_stop is not None and self.state.since_improvement >= self.early_stop:
+            self.state.done = True
 
     # ------------------------------------------------------------------- step
     def step(self, batch: int) -> int:
-        """Ask, filter, measure, record and tell one batch; returns the number of measured candidates."""
+        """Refresh from the records, then ask, filter, claim, measure, record and tell one batch; returns
+        the number of candidates this worker measured (0 when other workers hold every candidate)."""
         import optuna
 
+        if self.state.done:
+            return 0
+        self.refresh()
         if self.state.done:
             return 0
         fresh: list[tuple[optuna.trial.Trial, Config]] = []
@@ -187,8 +222,7 @@ class TaskTuner:
             config = from_params(self.space, trial.params, self.how)
             key = config_json(config)
             if key in self.known:  # answer from the record, do not measure again
-                status, median = self.known[key]
-                self._tell(trial, status, median)
+                self._tell(trial, *self.known[key])
                 continue
             if key in seen_now:
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -202,66 +236,53 @@ class TaskTuner:
         if self.candidate_filter is not None and len(fresh) > batch:
             keep = {config_json(c) for c in self.candidate_filter(self.task, [c for _, c in fresh], batch)}
             chosen = [(t, c) for t, c in fresh if config_json(c) in keep]
-            for t, c in fresh:
-                if config_json(c) not in keep:
-                    self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
         elif len(fresh) > batch:
-            for t, _ in fresh[batch:]:
-                self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
             chosen = fresh[:batch]
-        results = self._measure([c for _, c in chosen])
-        recs = [
-            RecordIn(
-                self.task.workload_key,
-                self.task.target.key,
-                self.task.sketch.name,
-                self.task.sketch.version,
-                c,
-                r.latencies_us,
-                r.status,
-                r.error,
-                self.run_id,
-            )
-            for (_, c), r in zip(chosen, results)
-        ]
-        self.db.commit_records(recs)
-        before = self.state.best_us
+        for t, c in fresh:
+            if (t, c) not in chosen:
+                self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        claimed, _ = self.share.claim(self.ident, [config_json(c) for _, c in chosen])
+        mine = set(claimed)
+        for t, c in chosen:  # another worker measures (or measured) it: its record comes with a refresh
+            if config_json(c) not in mine:
+                self.study.tell(t, state=optuna.trial.TrialState.FAIL)
+        chosen = [(t, c) for t, c in chosen if config_json(c) in mine]
+        if not chosen:
+            return 0
+        try:
+            results = self._measure([c for _, c in chosen])
+            recs = [
+                RecordIn(*self.ident, c, r.latencies_us, r.status, r.error, self.run_id)
+                for (_, c), r in zip(chosen, results)
+            ]
+            self.db.commit_records(recs)
+        finally:
+            self.share.release(self.ident, claimed)
         for (trial, config), r in zip(chosen, results):
             key = config_json(config)
-            median = r.median_us if r.status == Status.OK else None
-            self.known[key] = (Status(r.status), median)
+            status = Status(r.status)
+            median = r.median_us if status == Status.OK else None
+            self.known[key] = (status, median)
             self.state.measured += 1
-            if key == self.default_key and median is not None:
-                self.state.default_us = median
-            self._tell(trial, Status(r.status), median, config)
-        improved = before is None or (self.state.best_us is not None and self.state.best_us < 0.99 * before)
-        self.state.since_improvement = 0 if improved else self.state.since_improvement + len(chosen)
+            self._tell(trial, status, median)
+            self._account(key, status, median)
         if self.state.best_us is not None:
             self.state.history.append((self.state.trials, self.state.best_us))
-        if self.early_stop is not None and self.state.since_improvement >= self.early_stop:
-            self.state.done = True
+        self._check_early_stop()
         return len(chosen)
 
     def _measure(self, configs: Sequence[Config]) -> list[Any]:
         from tuner.measure import MeasureInput
 
-        inputs = []
-        for c in configs:
-            inputs.append(MeasureInput(self.task, c))
-        return self.measurer.measure(inputs)
+        return self.measurer.measure([MeasureInput(self.task, c) for c in configs])
 
-    def _tell(self, trial: Any, status: Status, median: float | None, config: Config | None = None) -> None:
+    def _tell(self, trial: Any, status: Status, median: float | None) -> None:
         import optuna
 
-        s = self.state
-        s.trials += 1
         if status == Status.OK and median is not None:
             self.study.tell(trial, median)
-            if s.best_us is None or median < s.best_us:
-                s.best_us, s.best_config = median, config or from_params(self.space, trial.params, self.how)
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            s.errors[status.value] = s.errors.get(status.value, 0) + 1
 
 
 def _loads(key: str) -> Config:

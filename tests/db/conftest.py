@@ -1,71 +1,42 @@
 """Fixtures of the tuning-database tests.
 
 ``db_url`` / ``db`` are parametrized over the three backends of the contract suite: in-memory SQLite, file
-SQLite and a real PostgreSQL server. The server (``postgres_server``, session scope) is a throwaway cluster
-started with initdb/pg_ctl in a temp dir on a free loopback port (as the ``postgres`` user through runuser
-when the tests run as root) and removed afterwards; every test gets its own fresh database on it
-(``postgres_url``: empty; ``postgres_head_url``: at the head schema). Missing PostgreSQL binaries make
-these tests fail with a message, never skip.
+SQLite and a real PostgreSQL server. The server (``postgres_server``, session scope, from
+:mod:`tests.postgres`: pytest-postgresql's executor, as the ``postgres`` user when the tests run as root)
+is a throwaway cluster on a free loopback port, removed afterwards; every test gets its own fresh database
+on it (``postgres_url``: empty; ``postgres_head_url``: at the head schema). Missing PostgreSQL binaries
+make these tests fail with a message, never skip.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pytest
 
 from db.database import TuningDatabase
-from db.testing import PostgresUnavailableError, TemporaryPostgres
+from tests import postgres
+from tests.postgres import Server
+
+# the PostgreSQL fixtures of tests/postgres.py, for every test module of tests/db
+postgres_server = postgres.postgres_server
+postgres_templates = postgres.postgres_templates
+postgres_url = postgres.postgres_url
 
 BACKENDS = ("sqlite_memory", "sqlite_file", "postgresql")
-_counter = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[TemporaryPostgres]:
-    """A private PostgreSQL server for the whole test session."""
-    try:
-        server = TemporaryPostgres()
-    except PostgresUnavailableError as exc:
-        pytest.fail(f"cannot start the PostgreSQL server for the database tests: {exc}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-EMPTY_TEMPLATE = "kiln_template_empty"
 CONTRACT_DB = "kiln_contract"
 
 
 @pytest.fixture(scope="session")
-def postgres_templates(postgres_server: TemporaryPostgres) -> TemporaryPostgres:
-    """An empty template database on the server (copying it is faster than creating from scratch)."""
-    postgres_server.create_database(EMPTY_TEMPLATE)
-    return postgres_server
-
-
-@pytest.fixture
-def postgres_url(postgres_templates: TemporaryPostgres) -> Iterator[str]:
-    """URL of a fresh, EMPTY database on the session's PostgreSQL server (dropped afterwards)."""
-    name = f"kiln_test_{next(_counter)}"
-    url = postgres_templates.create_database(name, template=EMPTY_TEMPLATE)
-    try:
-        yield url
-    finally:
-        postgres_templates.drop_database(name)
-
-
-@pytest.fixture(scope="session")
-def _postgres_contract_db(postgres_server: TemporaryPostgres) -> str:
-    url = postgres_server.create_database(CONTRACT_DB)
+def _postgres_contract_db(postgres_server: Server) -> str:
+    postgres_server.janitor(CONTRACT_DB).init()
+    url = postgres_server.url(CONTRACT_DB)
     TuningDatabase.open(url).close()  # the schema at head, through the migrations
     return url
 
 
 @pytest.fixture
-def postgres_head_url(postgres_server: TemporaryPostgres, _postgres_contract_db: str) -> str:
+def postgres_head_url(postgres_server: Server, _postgres_contract_db: str) -> str:
     """URL of a database at the head schema with every Kiln table emptied (ids restart at 1).
 
     Shared by the contract tests (truncating is ~5x faster than creating a database); tests that change

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from port_for import get_port
 
 from db.database import TuningDatabase
 from db.engine import DEFAULT_URL, display_url, resolve_url
@@ -21,8 +22,8 @@ from db.errors import (
     InvalidURLError,
     ReadOnlyDatabaseError,
 )
-from db.testing import TemporaryPostgres, free_port
 from tests.db.helpers import CPU, add_basics, rec, wkey
+from tests.postgres import Server
 
 V1_FILE = Path(__file__).resolve().parent / "data" / "kiln_v0001.sqlite"
 
@@ -75,13 +76,13 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
 
 
 def test_unreachable_postgresql_hides_password() -> None:
-    url = f"postgresql://kiln:secret-pw@127.0.0.1:{free_port()}/kiln"
+    url = f"postgresql://kiln:secret-pw@127.0.0.1:{get_port(None)}/kiln"
     with pytest.raises(DatabaseConnectionError, match="cannot connect to postgresql") as err:
         TuningDatabase.open(url)
     assert "secret-pw" not in str(err.value) and "***" in str(err.value)
 
 
-def test_missing_postgresql_database(postgres_server: TemporaryPostgres) -> None:
+def test_missing_postgresql_database(postgres_server: Server) -> None:
     with pytest.raises(DatabaseConnectionError, match='database "nosuchdb" does not exist'):
         TuningDatabase.open(postgres_server.url("nosuchdb"))
 
@@ -211,12 +212,12 @@ def test_read_only_file_in_read_only_directory() -> None:
 
 def test_missing_postgresql_binaries_fail_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without initdb/pg_ctl the PostgreSQL fixture fails with this message (it never skips silently)."""
-    from db import testing
+    from tests import postgres
 
-    monkeypatch.setattr(testing.shutil, "which", lambda name: None)
-    monkeypatch.setattr(testing.glob, "glob", lambda pattern: [])
-    with pytest.raises(testing.PostgresUnavailableError, match=r"initdb, pg_ctl, postgres.*install"):
-        testing.TemporaryPostgres()
+    monkeypatch.setattr(postgres.shutil, "which", lambda name: None)
+    monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
+    with pytest.raises(postgres.PostgresUnavailableError, match=r"initdb, pg_ctl, postgres.*install"):
+        postgres._start()
 
 
 def test_unknown_run_id_is_a_clear_error(tmp_path: Path) -> None:

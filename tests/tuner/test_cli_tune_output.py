@@ -73,10 +73,9 @@ def test_the_bar_renders_in_a_recording_console(url: str) -> None:
     console = Console(record=True, force_terminal=True, width=140, file=io.StringIO())
     from tuner.api import _database
     from tuner.search import TaskTuner
-    from tuner.storage import optuna_storage
 
     with _database(url) as db:
-        tuner = TaskTuner(summary.tasks[0].task, db, simulated(), optuna_storage(url), seed=0)
+        tuner = TaskTuner(summary.tasks[0].task, db, simulated(), seed=0)
         progress = LiveProgress([tuner], "10m", seconds=600, spent_seconds=150, done=4, console=console)
         console.print(progress.renderable())
     text = console.export_text()

@@ -218,9 +218,11 @@ def test_trials_per_task_on_the_command_line(url: str, simulated_cli: list) -> N
     assert zero.returncode == 2 and "must be at least 1" in zero.stderr
 
 
-def test_a_killed_kiln_tune_is_finished_by_the_same_command(tmp_path) -> None:
+def test_a_killed_kiln_tune_is_finished_by_the_same_command(tmp_path, monkeypatch) -> None:
     """A real `kiln tune` process killed with SIGKILL (no end time, no outcome): the same command
-    measures only what its budget had left, under the same run."""
+    measures only what its budget had left, under the same run (once the killed worker's claims expired:
+    a 2 s lease TTL here)."""
+    monkeypatch.setenv("KILN_LEASE_TTL", "2")
     path = tmp_path / "k.db"
     args = (
         "tune",

@@ -24,7 +24,6 @@ from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedRunner
 from tuner.search import TaskTuner
 from tuner.space import config_json
-from tuner.storage import optuna_storage
 from tuner.task import extract_tasks
 
 CPU = Target.host()
@@ -93,7 +92,7 @@ def test_tuning_with_the_cost_model_measures_only_valid_configs_and_learns(db):
     runner = SimulatedRunner(_latency)
     measurer = Measurer(builder="simulated", runner=runner, target=CPU)
     flt, oversample = make_candidate_filter("gbdt", db, CPU, seed=0, epsilon=0.125, oversample=4)
-    tuner = TaskTuner(task, db, measurer, optuna_storage(db.url), "tpe", 0, None, None, flt, oversample)
+    tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, flt, oversample)
     for _ in range(4):
         assert tuner.step(8) <= 8
     measured = [c for _, c in runner.history]
@@ -119,7 +118,7 @@ def test_warm_start_learns_other_workloads_records_and_caches_features(db):
     runner = SimulatedRunner(_latency)
     m = Measurer(builder="simulated", runner=runner, target=CPU)
     flt, k = make_candidate_filter("gbdt", db, CPU)
-    t1 = TaskTuner(first, db, m, optuna_storage(db.url), "tpe", 0, None, None, flt, k)
+    t1 = TaskTuner(first, db, m, "tpe", 0, None, None, flt, k)
     for _ in range(3):
         t1.step(8)
     flt.learn(first)

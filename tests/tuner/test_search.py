@@ -14,7 +14,6 @@ from tuner.measure.sim import SimulatedRunner
 from tuner.scheduler import Budget, TaskScheduler, model_latency
 from tuner.search import TaskTuner
 from tuner.space import config_json
-from tuner.storage import optuna_storage
 from tuner.task import extract_tasks
 
 CPU = Target.host()
@@ -43,7 +42,7 @@ def db(tmp_path):
 def _tuner(db, task, runner, sampler="tpe", seed=0, early_stop=None):
     db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
     measurer = Measurer(builder="simulated", runner=runner, target=CPU)
-    return TaskTuner(task, db, measurer, optuna_storage(db.url), sampler, seed, early_stop)
+    return TaskTuner(task, db, measurer, sampler, seed, early_stop)
 
 
 def test_default_first_records_everything_and_never_worse(db):

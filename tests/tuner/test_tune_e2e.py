@@ -86,7 +86,6 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
     from tests.tuner.fault_sketch import EXPECTED, FAULTS, fault_codegen, fault_task
     from tuner.measure import Measurer
     from tuner.search import TaskTuner
-    from tuner.storage import optuna_storage
 
     url = f"sqlite:///{tmp_path / 'k.db'}"
     task = fault_task(CPU, shape=(16, 64))
@@ -100,7 +99,7 @@ def test_faulty_candidates_are_recorded_and_never_chosen(tmp_path):
             builder_options={"codegen": fault_codegen, "timeout_s": 8},
             runner_options={"timeout_s": 3},
         ) as m:
-            tuner = TaskTuner(task, db, m, optuna_storage(url), "random", seed=1)
+            tuner = TaskTuner(task, db, m, "random", seed=1)
             for fault in FAULTS:  # every fault at least once, then random ones
                 tuner.study.enqueue_trial({"fault": fault, "vector": 8, "parallel": "none"})
             for _ in range(3):
@@ -127,8 +126,10 @@ def test_kill_9_mid_run_leaves_a_consistent_database(tmp_path):
     assert out.returncode == 0, out.stderr
     with sqlite3.connect(path) as c:
         after = c.execute("select count(*) from kiln_records").fetchone()[0]
-        running = c.execute("select count(*) from trials where state = 'RUNNING'").fetchone()[0]
-    assert after == before + 4 and running == 0
+        tables = {row[0] for row in c.execute("select name from sqlite_master where type = 'table'")}
+        claims = c.execute("select count(*) from kiln_leases where kind = 'config'").fetchone()[0]
+    assert after == before + 4 and "trials" not in tables  # no Optuna study in the database to repair
+    assert claims <= 4  # at most the killed worker's in-flight batch, claimed until its leases expire
 
 
 def test_record_that_no_longer_validates_is_skipped_with_a_warning(tmp_path):

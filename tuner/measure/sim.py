@@ -15,6 +15,7 @@ a ``runtime_error`` with its text (errors are data). ``SimulatedBuilder`` only a
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,7 +54,9 @@ class SimulatedBuilder(Builder):
 class SimulatedRunner(Runner):
     """Replays recorded timings (see the module docstring). ``repeats`` latencies are reported per
     candidate; with ``noise`` > 0 each is scaled by a factor drawn uniformly from [1 - noise, 1 + noise]
-    (seeded). ``history`` lists the (workload key, config JSON) of every candidate run."""
+    (seeded). ``seconds`` is the wall time each candidate takes (a sleep: how long a real measurement
+    would keep a worker busy, for tests and benchmarks of several workers). ``history`` lists the
+    (workload key, config JSON) of every candidate run."""
 
     def __init__(
         self,
@@ -61,8 +64,10 @@ class SimulatedRunner(Runner):
         repeats: int = 3,
         noise: float = 0.0,
         seed: int = 0,
+        seconds: float = 0.0,
     ) -> None:
         self.timings = timings
+        self.seconds = max(0.0, float(seconds))
         self.repeats = max(1, int(repeats))
         self.noise = float(noise)
         self.rng = random.Random(seed)
@@ -81,6 +86,8 @@ class SimulatedRunner(Runner):
         return None
 
     def _one(self, inp: MeasureInput) -> RunResult:
+        if self.seconds:
+            time.sleep(self.seconds)
         try:
             cfg = config_json(inp.config)
             self.history.append((inp.task.workload_key, cfg))

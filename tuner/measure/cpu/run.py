@@ -14,20 +14,25 @@ most ``max_repeats``). Each latency is one sample's mean per call, in microsecon
 after four times its planned duration, so a kernel that slows down on a loaded machine (OpenMP threads
 waiting for a descheduled sibling) is measured slow rather than timed out. Caches stay warm between calls
 (no flush): that is how a kernel runs inside a model whose working set fits the caches.
+
+A batch runs under the machine's timing lock (:mod:`tuner.measure.host_lock`), so several tuning workers
+on one machine never time candidates at the same moment on its shared cores (their builds may overlap).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from db.status import Status
-from tuner.measure import BuildResult
+from tuner.measure import BuildResult, MeasureInput, RunResult
 from tuner.measure.check import TaskData, signature_problem
 from tuner.measure.cpu import run_worker
 from tuner.measure.cpu.harness import MAX_ARGS, harness_library
+from tuner.measure.host_lock import host_timing_lock
 from tuner.measure.pool import Worker
 from tuner.measure.worker_runner import WorkerRunner
 
@@ -63,6 +68,10 @@ class LocalRunner(WorkerRunner):
         }
         self.num_threads = num_threads
         super().__init__(timeout_s, seed, cache_tasks)
+
+    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult]) -> list[RunResult]:
+        with host_timing_lock():  # no other worker on this machine times while this batch does
+            return super().run(inputs, builds)
 
     def _new_worker(self) -> Worker:
         return Worker(run_worker.main, (str(harness_library()),), "kiln-runner")
