@@ -27,7 +27,8 @@ launched in order (:func:`kernel_names`).
   those as ``const float4 v = *reinterpret_cast<const float4*>(&x[i]);`` (lanes ``v.x .. v.w``) and
   ``*reinterpret_cast<float4*>(&y[i]) = make_float4(st, st_1, st_2, st_3);``.
 * Math keeps the op's semantics: ``expf logf sqrtf rsqrtf tanhf erff`` (never ``__expf`` & co. unless
-  ``fast_math`` is asked for); min/max are ``fminf``/``fmaxf`` (a NaN operand yields the other one).
+  ``fast_math`` is asked for, or the IR says ``fast_exp``/``fast_log``: a sketch's fast-math knob);
+  min/max are ``fminf``/``fmaxf`` (a NaN operand yields the other one).
 """
 
 from __future__ import annotations
@@ -379,6 +380,8 @@ class CudaPrinter(CStylePrinter):
                 "abs": f"fabsf({a})",
                 "neg": f"(-{a})",
                 "recip": f"__frcp_rn({a})" if fast else f"(1.0f / {a})",
+                "fast_exp": f"__expf({a})",
+                "fast_log": f"__logf({a})",
             }
         elif dtype == "float64":
             table = {

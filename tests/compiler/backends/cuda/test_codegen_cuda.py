@@ -32,10 +32,26 @@ def funcs() -> dict[str, PrimFunc]:
     b = GraphBuilder("sm")
     sm = group_of(b.build([b.softmax(b.input("x", (64, 1024)))]))
     out["softmax_warp"] = lowered(
-        sm, {"threads_per_row": 32, "rows_per_block": 4, "vector": 4, "keep_row": "registers", "unroll": 1}
+        sm,
+        {
+            "threads_per_row": 32,
+            "rows_per_block": 4,
+            "vector": 4,
+            "keep_row": "registers",
+            "unroll": 1,
+            "fast_math": 0,
+        },
     )
     out["softmax_block"] = lowered(
-        sm, {"threads_per_row": 256, "rows_per_block": 1, "vector": 4, "keep_row": "reread", "unroll": 4}
+        sm,
+        {
+            "threads_per_row": 256,
+            "rows_per_block": 1,
+            "vector": 4,
+            "keep_row": "reread",
+            "unroll": 4,
+            "fast_math": 0,
+        },
     )
     b = GraphBuilder("gelu")
     x = b.input("x", (256, 3072))

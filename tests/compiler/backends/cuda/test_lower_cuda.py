@@ -27,7 +27,14 @@ def softmax_group(rows=3, cols=64):
 
 
 def red_config(t, rpb=1, v=1, keep="reread", unroll=1):
-    return {"threads_per_row": t, "rows_per_block": rpb, "vector": v, "keep_row": keep, "unroll": unroll}
+    return {
+        "threads_per_row": t,
+        "rows_per_block": rpb,
+        "vector": v,
+        "keep_row": keep,
+        "unroll": unroll,
+        "fast_math": 0,
+    }
 
 
 def calls(func: PrimFunc) -> list[Call]:
