@@ -15,7 +15,10 @@ Row form (reduced axes trailing), knobs ``threads_per_row`` (T), ``rows_per_bloc
 Every thread ends a reduction with the row's value in a register (an all-reduce), so the epilogue and
 later reductions read it without another barrier. ``keep_row=registers`` reads the row from global
 memory once into C*V registers per thread (C = ceil(N / (T*V))); it is used when C*V <= 64 and C <= 32,
-otherwise the row is re-read (from L1/L2) by each pass. Reductions that are not over trailing axes run one
+otherwise the row is re-read (from L1/L2) by each pass. ``keep_row=shared`` stages the block's rows in
+shared memory (R*N*4 bytes, up to the opt-in limit) with the same thread mapping, so long rows are read
+from global memory once. The default widens T (up to 1024) until a thread keeps at most 32 floats of the
+row in registers, and uses shared memory past that. Reductions that are not over trailing axes run one
 output element per thread with serial reductions.
 
 Memory-bound details (every config):
@@ -71,7 +74,11 @@ class CudaReductionSketch(Sketch):
             Knob("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads cooperating on one row"),
             Knob("rows_per_block", (1, 2, 4, 8), "rows handled by one thread block"),
             Knob("vector", (1, 2, 4), "vector width of row loads (float2/float4)"),
-            Knob("keep_row", ("registers", "reread"), "keep the row in registers or re-read it"),
+            Knob(
+                "keep_row",
+                ("registers", "shared", "reread"),
+                "keep the row in registers, stage it in shared memory, or re-read it",
+            ),
             Knob("unroll", (1, 4, 8), "unroll of the per-thread loop"),
             Knob("fast_math", (0, 1), "__expf/__logf intrinsics (1) or the exact expf/logf (0)"),
         ]
@@ -82,14 +89,26 @@ class CudaReductionSketch(Sketch):
         n = G.row_length(group)
         if n % config["vector"]:
             raise ScheduleError(f"reduction: vector {config['vector']} does not divide the row {n}")
+        if config["keep_row"] == "shared" and G.row_form(group):
+            need = config["rows_per_block"] * n * 4
+            if need > target.max_shared_bytes_optin:
+                raise ScheduleError(
+                    f"reduction: keep_row=shared needs {need} bytes of shared memory per block "
+                    f"({config['rows_per_block']} rows of {n}), over {target.max_shared_bytes_optin}"
+                )
 
     def default(self, group: Group, target: Target) -> Config:
         n = G.row_length(group)
+        v = 4 if n % 4 == 0 else 1
+        t = 32 if n <= 256 else 128 if n <= 2048 else 256
+        while t < target.max_threads_per_block and -(-n // (t * v)) * v > MAX_ROW_REGISTERS // 2:
+            t *= 2  # long rows: more threads per row until each keeps at most 32 floats of it
+        fits = -(-n // (t * v)) * v <= MAX_ROW_REGISTERS
         return {
-            "threads_per_row": 32 if n <= 256 else 128 if n <= 2048 else 256,
+            "threads_per_row": t,
             "rows_per_block": 1,
-            "vector": 4 if n % 4 == 0 else 1,
-            "keep_row": "registers",
+            "vector": v,
+            "keep_row": "registers" if fits or n * 4 > target.max_shared_bytes_optin else "shared",
             "unroll": 1,
             "fast_math": 0,
         }
@@ -132,6 +151,7 @@ class CudaReductionSketch(Sketch):
         sch.bind(rb, "blockIdx.x")
         if rpb > 1:
             sch.bind(ry, "threadIdx.y")
+        shared = row_form and config["keep_row"] == "shared"
         kept = [
             b
             for b in sch.blocks()
@@ -141,6 +161,8 @@ class CudaReductionSketch(Sketch):
             _keep_row(sch, ry, tuple(shape), t, v)
             for b in kept:
                 _thread_tile(sch, b, ry, t, v)
+        elif shared:
+            _keep_row(sch, ry, tuple(shape), t, v, "shared")
         for b in [b for b in sch.blocks() if b.is_reduction]:
             _cross_thread(sch, b, ry, t, v, u, registers)
         if col is not None:
@@ -215,9 +237,11 @@ def _cross_thread(sch: Schedule, b: Block, row: For, t: int, v: int, u: int, reg
     sch.set_scope(A.writes(rf)[0], "local")
 
 
-def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int) -> None:
+def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int, scope: str = "local") -> None:
     """Load the row input once into registers: one local copy laid out [.., T, C, V] (a [C, V] tile per
-    thread after compaction), read by every reduction and the epilogue."""
+    thread after compaction), read by every reduction and the epilogue. ``scope="shared"``: one shared
+    copy of the block's rows in their own layout, written and read by the same thread mapping (each
+    thread reads back what it stored), so global memory is read once however long the row."""
     readers: dict[int, list[Block]] = {}
     for b in sch.blocks():
         for r in A.reads(b):
@@ -227,10 +251,19 @@ def _keep_row(sch: Schedule, row: For, shape: tuple[int, ...], t: int, v: int) -
         return
     users = max(readers.values(), key=len)
     src = next(r for r in A.reads(users[0]) if r.uid in readers and readers[r.uid] is users)
-    copy = sch.cache_read(users[0], src, "local")
+    copy = sch.cache_read(users[0], src, scope)
     share_cache(sch, copy, src, users[1:])
     sch.compute_at(copy, row)
-    _thread_tile(sch, copy, row, t, v)
+    if scope == "local":
+        _thread_tile(sch, copy, row, t, v)
+        return
+    loops = sch.get_loops(copy)
+    own = loops[loops.index(row) + 1 :]
+    if own:
+        _, step, lane = _map_cols(sch, sch.fuse(*own) if len(own) > 1 else own[0], t, v)
+        if v > 1:
+            sch.vectorize(lane)
+        _steps(sch, step, 4, False)
 
 
 def _thread_tile(sch: Schedule, copy: Block, row: For, t: int, v: int) -> None:

@@ -16,12 +16,15 @@ from hypothesis import strategies as st
 from compiler.backends.cuda.codegen import generate_cuda
 from compiler.backends.cuda.nvrtc import nvcc_available, nvcc_check
 from compiler.builder import GraphBuilder
+from compiler.errors import ScheduleError
 from compiler.fusion import fuse
 from compiler.loopir import evaluate
+from compiler.loopir.expr import Load, walk
 from compiler.loopir.interp_simt_expr import fast_exp_model, fast_log_model
+from compiler.loopir.stmt import BufferStore, walk_stmts
 from compiler.passes import optimize
 from compiler.reference import run_reference
-from tests.compiler.backends.cuda.util import CUDA, lowered
+from tests.compiler.backends.cuda.util import CUDA, check_group, lowered
 from tuner.measure.check import RTOL
 
 BASE = {"threads_per_row": 32, "rows_per_block": 2, "vector": 4, "keep_row": "registers", "unroll": 1}
@@ -44,6 +47,10 @@ def source(op: str, **knobs) -> str:
     func = lowered(row_group(op), {**BASE, "fast_math": 0, **knobs})
     func.name = f"{op}_{'_'.join(f'{k}{v}' for k, v in knobs.items()) or 'base'}"
     return generate_cuda([func], CUDA)
+
+
+def reads(e, buf) -> bool:
+    return any(isinstance(x, Load) and x.buffer is buf for x in walk(e))
 
 
 def body(src: str) -> str:
@@ -113,6 +120,33 @@ def test_fast_log_model_is_close_to_log(x):
     assert float(fast_log_model(np.float32(x))) == pytest.approx(np.log(np.float32(x)), rel=1e-6, abs=1e-6)
 
 
+def test_shared_rows_read_global_memory_once():
+    """keep_row=shared: only the staging copy (unrolled by 4) loads the input from global memory; the
+    reductions and the epilogue read the shared copy."""
+    group = row_group("softmax", 3, 1024)
+    config = {**BASE, "keep_row": "shared", "fast_math": 0, "threads_per_row": 64}
+    func = check_group(group, config)
+    x = func.params[0]
+    global_reads = [s for s in walk_stmts(func.body) if isinstance(s, BufferStore) and reads(s.value, x)]
+    assert global_reads and all(s.buffer.scope == "shared" for s in global_reads)
+
+
+def test_long_rows_default_to_more_threads_then_shared_memory():
+    from compiler.backends import sketch_for
+
+    def default(n: int) -> dict:
+        g = row_group("softmax", 2, n)
+        return sketch_for(g, CUDA).default(g, CUDA)
+
+    assert default(16384)["threads_per_row"] == 512 and default(16384)["keep_row"] == "registers"
+    assert default(65536)["threads_per_row"] == 1024 and default(65536)["keep_row"] == "registers"
+    # 1024 threads x 64 floats is the register limit; 128K floats = 512 KiB do not fit shared memory either
+    assert default(131072)["keep_row"] == "registers"
+    with pytest.raises(ScheduleError, match="keep_row=shared needs"):
+        g = row_group("softmax", 2, 131072)
+        sketch_for(g, CUDA).check(g, {**default(131072), "keep_row": "shared"}, CUDA)
+
+
 @cache
 def nvcc_resources(arch: str) -> dict:
     funcs = []
@@ -121,9 +155,10 @@ def nvcc_resources(arch: str) -> dict:
         ("softmax", {"fast_math": 1}),
         ("log_softmax", {"fast_math": 1}),
         ("layer_norm", {}),
+        ("softmax", {"keep_row": "shared"}),
     ):
         func = lowered(row_group(op), {**BASE, "fast_math": 0, **knobs})
-        func.name = f"{op}_fast{knobs.get('fast_math', 0)}"
+        func.name = f"{op}_fast{knobs.get('fast_math', 0)}" + ("_shared" if "keep_row" in knobs else "")
         funcs.append(func)
     return nvcc_check(generate_cuda(funcs, CUDA), arch)
 
@@ -133,6 +168,12 @@ def test_memory_bound_kernels_compile_with_nvcc(arch):
     if not nvcc_available():
         pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
     res = nvcc_resources(arch)
-    assert set(res) == {"softmax_fast0", "softmax_fast1", "log_softmax_fast1", "layer_norm_fast0"}
+    assert set(res) == {
+        "softmax_fast0",
+        "softmax_fast1",
+        "log_softmax_fast1",
+        "layer_norm_fast0",
+        "softmax_fast0_shared",
+    }
     for name, r in res.items():
         assert r.spill_stores == 0, f"{name} ({arch}) spills"
