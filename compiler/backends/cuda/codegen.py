@@ -2,7 +2,8 @@
 
 ``generate_cuda(funcs, target)`` prints a small prelude (fixed-width integer types, floor division,
 warp all-reduce helpers: only what is used) and every kernel as
-``extern "C" __global__ void __launch_bounds__(THREADS) NAME(const float* __restrict__ x, ...)``.
+``extern "C" __global__ void __launch_bounds__(THREADS) NAME(const float* __restrict__ x, ...)`` (with
+``func.attrs["min_blocks_per_sm"]`` = B > 1: ``__launch_bounds__(THREADS, B)``).
 A function whose body has several top-level loop nests becomes several kernels ``NAME_k0, NAME_k1 ...``
 launched in order (:func:`kernel_names`).
 
@@ -191,8 +192,10 @@ class CudaPrinter(CStylePrinter):
 
     def signature(self, func: PrimFunc, params: list[str]) -> str:
         launch = getattr(self, "pending_launch", None) or lower_cuda.launch_info(func.body)
-        threads = math.prod(launch["block"])
-        return f'extern "C" __global__ void __launch_bounds__({threads}) {func.name}({", ".join(params)})'
+        bounds = str(math.prod(launch["block"]))
+        if func.attrs.get("min_blocks_per_sm", 1) > 1:  # occupancy asked of ptxas: caps registers per thread
+            bounds += f", {int(func.attrs['min_blocks_per_sm'])}"
+        return f'extern "C" __global__ void __launch_bounds__({bounds}) {func.name}({", ".join(params)})'
 
     def function(self, func: PrimFunc) -> str:
         launch = getattr(self, "pending_launch", None) or lower_cuda.launch_info(func.body)
