@@ -64,6 +64,11 @@ THREADS_PER_SM = {"sm_86": 1536, "sm_87": 1536, "sm_89": 1536}  # others (sm_70/
 BANKS = 32
 
 
+def tile_cap(extent: int) -> int:
+    """The largest legal block tile along an axis of ``extent``: its next power of two, at least 32."""
+    return max(32, 1 << (extent - 1).bit_length())
+
+
 def threads_per_sm(target: Target) -> int:
     return THREADS_PER_SM.get(target.arch, 2048)
 
@@ -112,6 +117,13 @@ class CudaContractionSketch(Sketch):
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        m_ext, n_ext = G.anchor_extents(group)
+        for knob, ext, axis in (("bm", m_ext, "M"), ("bn", n_ext, "N")):
+            if config[knob] > tile_cap(ext):
+                raise ScheduleError(
+                    f"contraction: {knob} {config[knob]} exceeds the {axis} extent {ext} "
+                    f"(tiles up to {tile_cap(ext)}: a larger one only adds idle threads)"
+                )
         threads = (config["bm"] // config["tm"]) * (config["bn"] // config["tn"])
         if threads > target.max_threads_per_block or threads < 32:
             raise ScheduleError(
@@ -135,7 +147,6 @@ class CudaContractionSketch(Sketch):
             )
         g = config["group_m"]
         if g > 1:
-            m_ext, _ = G.anchor_extents(group)
             rows = -(-m_ext // config["bm"])
             if rows % g:
                 raise ScheduleError(
@@ -151,12 +162,18 @@ class CudaContractionSketch(Sketch):
             tile = {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
         else:
             tile = {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
-            if not G.is_conv(group):
-                # small grids (BERT's 128 x 768 projections): smaller tiles until every SM gets a block
-                for bm, bn, tm, tn in ((64, 64, 4, 4), (64, 32, 4, 2), (32, 32, 2, 2)):
-                    tile.update(bm=bm, bn=bn, tm=tm, tn=tn)
-                    if G.reduce_and_batch(group)[1] * -(-m_ext // bm) * -(-n_ext // bn) >= target.cores:
-                        break
+            # small grids (BERT's 128 x 768 projections): smaller tiles until every SM gets a block;
+            # tiles never exceed the extents' caps (check)
+            fits = [
+                (bm, bn, tm, tn)
+                for bm, bn, tm, tn in ((64, 64, 4, 4), (64, 32, 4, 2), (32, 64, 2, 4), (32, 32, 2, 2))
+                if bm <= tile_cap(m_ext) and bn <= tile_cap(n_ext)
+            ]  # (32, 32) always fits
+            batch = G.reduce_and_batch(group)[1]
+            for bm, bn, tm, tn in fits:
+                tile.update(bm=bm, bn=bn, tm=tm, tn=tn)
+                if G.is_conv(group) or batch * -(-m_ext // bm) * -(-n_ext // bn) >= target.cores:
+                    break
         threads = (tile["bm"] // tile["tm"]) * (tile["bn"] // tile["tn"])
         pad = min((0, 4), key=lambda p: transposed_store_conflicts(tile["bm"], tile["bk"], 4, p, threads))
         return {**tile, **extra, "smem_pad": pad}

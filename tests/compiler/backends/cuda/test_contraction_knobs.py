@@ -99,6 +99,15 @@ def test_min_blocks_is_bounded_by_the_threads_of_an_sm():
         sketch_for(group, CUDA).check(group, cfg, CUDA)
 
 
+def test_tiles_larger_than_the_extent_are_refused():
+    """A 128-row tile over 16 rows only adds idle threads (such unrolled conv kernels took cicc minutes)."""
+    group = mm_group(16, 256, 8)
+    with pytest.raises(ScheduleError, match="bm 128 exceeds the M extent 16 \\(tiles up to 32"):
+        sketch_for(group, CUDA).check(group, {**BIG, **PLAIN}, CUDA)
+    default = sketch_for(group, CUDA).default(group, CUDA)
+    assert default["bm"] == 32
+
+
 def test_transposed_store_conflicts():
     """The issue's reading of the 128x128x16 kernel: 4-way conflicts on the transposed A stores."""
     assert transposed_store_conflicts(128, 16, 4, 0, 256) == 4
