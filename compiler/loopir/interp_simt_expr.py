@@ -289,6 +289,10 @@ def _math(name: str, dtype: str) -> Callable[..., Any]:
 
     if dtypes.is_int(dtype):
         table = {"abs": np.abs, "neg": np.negative}
+    elif name in FAST_MATH_MODELS:
+        if dtype != "float32":
+            raise _err(f"intrinsic '{name}' is float32 only, not {dtype}")
+        table = {name: FAST_MATH_MODELS[name]}
     else:
         table = {
             "exp": guarded(np.exp),
@@ -305,6 +309,38 @@ def _math(name: str, dtype: str) -> Callable[..., Any]:
     if name not in table:
         raise _err(f"the interpreter does not know intrinsic '{name}' on {dtype}")
     return table[name]
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2 = np.float32(0.6931471805599453)
+_TINY = np.finfo(np.float32).tiny
+
+
+def _ftz(x: np.ndarray) -> np.ndarray:
+    """Flush float32 subnormals to (signed) zero, as the .ftz forms of the approximate instructions do."""
+    return np.where(np.abs(x) < _TINY, np.float32(0) * x, x).astype(np.float32)
+
+
+def fast_exp_model(x: Any) -> np.ndarray:
+    """``__expf(x)``: ``ex2.approx.ftz.f32(x * log2(e))`` with log2(e) and the product rounded to float32
+    (the error that grows with |x|: up to 2|x| * 2^-24 relative); ex2.approx itself is modelled as exact
+    (PTX ISA: at most 2 ulp more), subnormal inputs and results are flushed to zero."""
+    with np.errstate(all="ignore"):
+        p = _ftz(np.asarray(x, np.float32)) * _LOG2E
+        return _ftz(np.exp2(p.astype(np.float64)).astype(np.float32))
+
+
+def fast_log_model(x: Any) -> np.ndarray:
+    """``__logf(x)``: ``lg2.approx.ftz.f32(x) * ln(2)`` with both steps rounded to float32."""
+    with np.errstate(all="ignore"):
+        lg = np.log2(_ftz(np.asarray(x, np.float32)).astype(np.float64)).astype(np.float32)
+        return (lg * _LN2).astype(np.float32)
+
+
+FAST_MATH_MODELS: dict[str, Callable[[Any], np.ndarray]] = {
+    "fast_exp": fast_exp_model,
+    "fast_log": fast_log_model,
+}
 
 
 _WARP_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {

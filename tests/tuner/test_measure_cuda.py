@@ -160,7 +160,9 @@ def test_tune_query_compile_run_for_cuda_on_the_fake_gpu(fake_gpu, tmp_path):
     (task,) = summary.tasks
     with TuningDatabase.open(url) as db:
         records = db.find_records(task.task.workload_key, summary.target)
-    assert {str(r.status) for r in records} == {"ok"}, [r.error for r in records]
+    # a sampled config the sketch's check refuses is recorded as invalid_config, never measured
+    statuses = [str(r.status) for r in records]
+    assert "ok" in statuses and set(statuses) <= {"ok", "invalid_config"}, [r.error for r in records]
     assert summary.target.startswith("cuda/sm_90/Fake GPU") and summary.measured == 4
     assert task.best_us is not None and task.best_us <= task.default_us
     with TuningDatabase.open(url) as db:

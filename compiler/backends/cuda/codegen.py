@@ -2,7 +2,8 @@
 
 ``generate_cuda(funcs, target)`` prints a small prelude (fixed-width integer types, floor division,
 warp all-reduce helpers: only what is used) and every kernel as
-``extern "C" __global__ void __launch_bounds__(THREADS) NAME(const float* __restrict__ x, ...)``.
+``extern "C" __global__ void __launch_bounds__(THREADS) NAME(const float* __restrict__ x, ...)`` (with
+``func.attrs["min_blocks_per_sm"]`` = B > 1: ``__launch_bounds__(THREADS, B)``).
 A function whose body has several top-level loop nests becomes several kernels ``NAME_k0, NAME_k1 ...``
 launched in order (:func:`kernel_names`).
 
@@ -27,7 +28,8 @@ launched in order (:func:`kernel_names`).
   those as ``const float4 v = *reinterpret_cast<const float4*>(&x[i]);`` (lanes ``v.x .. v.w``) and
   ``*reinterpret_cast<float4*>(&y[i]) = make_float4(st, st_1, st_2, st_3);``.
 * Math keeps the op's semantics: ``expf logf sqrtf rsqrtf tanhf erff`` (never ``__expf`` & co. unless
-  ``fast_math`` is asked for); min/max are ``fminf``/``fmaxf`` (a NaN operand yields the other one).
+  ``fast_math`` is asked for, or the IR says ``fast_exp``/``fast_log``: a sketch's fast-math knob);
+  min/max are ``fminf``/``fmaxf`` (a NaN operand yields the other one).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 from compiler import dtypes
 from compiler.backends.cuda import lower as lower_cuda
@@ -47,6 +51,7 @@ from compiler.errors import CompileError
 from compiler.loopir.expr import (
     Binary,
     Call,
+    Cast,
     Const,
     Expr,
     ExtractLane,
@@ -57,19 +62,20 @@ from compiler.loopir.expr import (
     lanes_of,
 )
 from compiler.loopir.index_width import index_overflow, is_wide, mark_index_width
-from compiler.loopir.promote import promote_locals
+from compiler.loopir.promote import PROMOTE, promote_locals
 from compiler.loopir.stmt import (
     Allocate,
     Barrier,
     Buffer,
     BufferStore,
     For,
+    LetStmt,
     PrimFunc,
     Stmt,
     walk_stmts,
 )
 
-CODEGEN_VERSION = "cuda-2"  # bump when generated code changes meaning (part of the build cache key)
+CODEGEN_VERSION = "cuda-3"  # bump when generated code changes meaning (part of the build cache key)
 STATIC_SHARED_LIMIT = 48 * 1024
 LANES = "xyzw"
 
@@ -165,10 +171,6 @@ class CudaPrinter(CStylePrinter):
                     "kernel; "
                     "give it local or shared scope"
                 )
-            if (isinstance(s, Allocate) and s.buffer.dtype == "float16") or (
-                isinstance(s, BufferStore) and s.buffer.dtype == "float16"
-            ):
-                raise CompileError(f"kernel {func.name}: float16 is not supported by the CUDA target yet")
         spine = 0
         s: Stmt = func.body
         while True:
@@ -190,8 +192,10 @@ class CudaPrinter(CStylePrinter):
 
     def signature(self, func: PrimFunc, params: list[str]) -> str:
         launch = getattr(self, "pending_launch", None) or lower_cuda.launch_info(func.body)
-        threads = math.prod(launch["block"])
-        return f'extern "C" __global__ void __launch_bounds__({threads}) {func.name}({", ".join(params)})'
+        bounds = str(math.prod(launch["block"]))
+        if func.attrs.get("min_blocks_per_sm", 1) > 1:  # occupancy asked of ptxas: caps registers per thread
+            bounds += f", {int(func.attrs['min_blocks_per_sm'])}"
+        return f'extern "C" __global__ void __launch_bounds__({bounds}) {func.name}({", ".join(params)})'
 
     def function(self, func: PrimFunc) -> str:
         launch = getattr(self, "pending_launch", None) or lower_cuda.launch_info(func.body)
@@ -201,8 +205,6 @@ class CudaPrinter(CStylePrinter):
         body = func.body
         params = []
         for i, b in enumerate(func.params):
-            if b.dtype == "float16":
-                raise CompileError(f"kernel {func.name}: float16 is not supported by the CUDA target yet")
             name = self.names.fresh(b.name)
             self.buf_names[b] = name
             params.append(self.param_decl(b, name, i < func.num_inputs))
@@ -210,6 +212,87 @@ class CudaPrinter(CStylePrinter):
             self.line("extern __shared__ __align__(16) unsigned char kiln_smem[];")
         self.stmt(body)
         return "\n".join([self.signature(func, params) + " {", *self.lines, "}"]) + "\n"
+
+    # ---------------------------------------------------------------- float16
+    # float16 lives in memory as IEEE binary16 bits (``kiln_half``) and in registers as a float holding a
+    # binary16 value: loads widen (``kiln_h2f``), stores narrow (``kiln_f2h``), and every float16
+    # operation is computed in float and rounded to binary16 (``kiln_h``), which gives the correctly
+    # rounded binary16 result for + - * / sqrt (float has 24 >= 2 * 11 + 2 bits) and the IR's semantics.
+    def _half(self, buf: Buffer) -> bool:
+        return buf.dtype == "float16" and buf.scope != "local"
+
+    def param_decl(self, buf: Buffer, name: str, is_input: bool) -> str:
+        if buf.dtype == "float16":
+            self.helpers.add("half")
+            return f"{'const ' if is_input else ''}kiln_half* {self.restrict} {name}"
+        return super().param_decl(buf, name, is_input)
+
+    def emit_store(self, s: BufferStore) -> None:
+        if s.buffer.dtype == "float16" and lanes_of(s.value.dtype) == 1 and s.buffer not in self.promoted:
+            value = self.top(s.value)
+            if self._half(s.buffer):
+                value = f"kiln_f2h({value})"
+            self.line(f"{self.store_target(s.buffer, s.indices)} = {value};")
+            return
+        super().emit_store(s)
+
+    def emit_allocate(self, s: Allocate) -> None:
+        if s.buffer.dtype == "float16" and s.annotations.get(PROMOTE) == 1:  # registers: float variables
+            buf = s.buffer
+            name = self.names.fresh(buf.name)
+            self.buf_names[buf] = name
+            names = [self.names.fresh(f"{name}_{k}") for k in range(buf.numel)]
+            for i in range(0, len(names), 8):
+                self.line(f"float {', '.join(names[i : i + 8])};")
+            self.promoted[buf] = (1, names)
+            try:
+                self.stmt(s.body)
+            finally:
+                del self.promoted[buf]
+            return
+        super().emit_allocate(s)
+
+    def emit_let(self, s: LetStmt) -> None:
+        if s.var.dtype != "float16":
+            super().emit_let(s)
+            return
+        name = self.names.fresh(s.var.name)
+        self.line(f"const float {name} = {self.top(s.value)};")
+        self.var_names[s.var] = name
+        try:
+            self.stmt(s.body)
+        finally:
+            del self.var_names[s.var]
+
+    def _half_expr(self, e: Expr) -> str | None:
+        """The float text of a float16 expression (None: not float16, or nothing special)."""
+        if isinstance(e, Const) and e.dtype == "float16":
+            v = float(np.float16(e.value))
+            return self.expr(Const(v, "float32"))
+        if isinstance(e, Load) and e.dtype == "float16" and e.buffer not in self.promoted:
+            text = self.access(e.buffer, e.indices)
+            return f"kiln_h2f({text})" if self._half(e.buffer) else text
+        if isinstance(e, Cast) and e.dtype == "float16":
+            self.helpers.add("half")
+            return f"kiln_h((float)({self.top(e.value)}))"
+        if isinstance(e, Binary) and e.dtype == "float16":
+            if e.op in ("min", "max"):  # the result is an operand: already binary16
+                return f"f{e.op}f({self.top(e.a)}, {self.top(e.b)})"
+            self.helpers.add("half")
+            a, b = self.expr(e.a), self.expr(e.b)
+            if e.op in ("+", "-", "*", "/"):
+                return f"kiln_h({a} {e.op} {b})"
+            if e.op == "pow":
+                return f"kiln_h(powf({a}, {b}))"
+            if e.op == "//":
+                return f"kiln_h(floorf({a} / {b}))"
+            if e.op == "%":
+                return f"kiln_h({a} - {b} * floorf({a} / {b}))"
+            raise CompileError(f"{e.op} on float16 is not supported by the CUDA target")
+        if isinstance(e, Call) and e.dtype == "float16" and not e.name.startswith("warp_reduce_"):
+            self.helpers.add("half")
+            return f"kiln_h({self.math_call(e.name, [self.top(a) for a in e.args], 'float32')})"
+        return None
 
     # ------------------------------------------------------------ statements
     def emit_thread_loop(self, s: For) -> None:
@@ -260,6 +343,9 @@ class CudaPrinter(CStylePrinter):
 
     def alloc_lines(self, buf: Buffer, name: str) -> tuple[list[str], list[str]]:
         t = c_type(buf.dtype)
+        if buf.dtype == "float16":  # binary16 bits in shared memory, floats in registers
+            self.helpers.add("half")
+            t = "kiln_half" if buf.scope == "shared" else "float"
         n = max(buf.numel, 1)
         if buf.scope == "shared":
             if self.dynamic:
@@ -305,6 +391,10 @@ class CudaPrinter(CStylePrinter):
 
     # ------------------------------------------------------------ expressions
     def expr(self, e: Expr) -> str:
+        if e.dtype == "float16":
+            half = self._half_expr(e)
+            if half is not None:
+                return half
         if isinstance(e, Const) and dtypes.is_float(e.dtype):
             v = float(e.value)
             if math.isnan(v) or math.isinf(v):
@@ -322,13 +412,15 @@ class CudaPrinter(CStylePrinter):
 
     def _warp(self, e: Call) -> str:
         comb = e.name[len("warp_reduce_") :]
-        s = {"float32": "f32", "float64": "f64", "int32": "i32"}.get(e.dtype)
+        s = {"float32": "f32", "float64": "f64", "int32": "i32", "float16": "f16"}.get(e.dtype)
         if comb not in ("sum", "max", "min") or s is None or len(e.args) != 2:
             raise CompileError(f"intrinsic {e.name} on {e.dtype} is not supported by the CUDA target")
         width = e.args[1]
         if not isinstance(width, Const) or int(width.value) not in (1, 2, 4, 8, 16, 32):
             raise CompileError(f"{e.name}: the width must be a constant power of two up to 32")
         self.helpers.add(f"warp_{comb}_{s}")
+        if s == "f16":
+            self.helpers.add("half")
         return f"kiln_warp_reduce_{comb}_{s}({self.top(e.args[0])}, {int(width.value)})"
 
     def binary(self, e: Binary) -> str:
@@ -379,6 +471,8 @@ class CudaPrinter(CStylePrinter):
                 "abs": f"fabsf({a})",
                 "neg": f"(-{a})",
                 "recip": f"__frcp_rn({a})" if fast else f"(1.0f / {a})",
+                "fast_exp": f"__expf({a})",
+                "fast_log": f"__logf({a})",
             }
         elif dtype == "float64":
             table = {

@@ -10,7 +10,9 @@ loop bindings give (``kernel_launches``, from ``func.attrs["launch"]``; saved in
   caller host arrays); ``run_device(inputs)`` returns the model's own CuPy output arrays (overwritten by
   the next call) without a host copy.
 * ``cuda_graph=True`` captures the whole launch list once into a CUDA Graph (inputs are staged into
-  model-owned device buffers so the graph's pointers stay valid) and replays it.
+  model-owned device buffers so the graph's pointers stay valid) and replays it on the current stream,
+  without host synchronisation; ``graph_inputs()`` hands out those buffers, and passing them back skips
+  the staging copies.
 * ``timeit`` measures with CUDA events (``flush_l2=True`` flushes L2 between runs).
 * Nothing touches CuPy before the first run, so a model compiles and saves on a machine without a GPU;
   running there raises CudaUnavailable with the install hint.
@@ -120,7 +122,9 @@ class CudaCompiledModel(CompiledModel):
                 bound[self.roots[i]] = v
             else:
                 dst = self._staged[i]
-                if on_device:
+                if v is dst:  # the caller filled the staging buffer itself (graph_inputs)
+                    pass
+                elif on_device:
                     dst[...] = v
                 else:
                     dst.set(np.ascontiguousarray(v))
@@ -151,10 +155,16 @@ class CudaCompiledModel(CompiledModel):
         return self._graph
 
     def _replay(self, cp: Any) -> None:
-        graph, stream = self._graph_of(cp)
-        cp.cuda.get_current_stream().synchronize()  # staged inputs were written on the current stream
-        graph.launch(stream)
-        stream.synchronize()
+        graph, _ = self._graph_of(cp)
+        # on the current stream: after the staging copies enqueued there, before whatever reads the outputs
+        # (no host synchronisation; captured on a side stream, a graph can be launched on any stream)
+        graph.launch(cp.cuda.get_current_stream())
+
+    def graph_inputs(self) -> dict[str, Any]:
+        """The device buffers a CUDA Graph replay reads its inputs from, by input name: fill them in place
+        and pass them back to ``run_device(..., cuda_graph=True)`` to replay without staging copies."""
+        self._ensure_ready()
+        return {name: self._staged[i] for name, i in zip(self.input_names, self.inputs)}
 
     # ---------------------------------------------------------- launch step
     def run_device(self, inputs: Inputs, cuda_graph: bool = False) -> list[Any]:

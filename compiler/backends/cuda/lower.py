@@ -100,6 +100,7 @@ VAR_NAMES = {"blockIdx.x": "bx", "blockIdx.y": "by", "blockIdx.z": "bz"} | {
     "threadIdx.z": "tz",
 }
 WARP = 32
+SMEM_PAD = "smem_pad"  # func.attrs key: shared buffer name -> floats of padding per row (pad_shared)
 _COMBINER_OF = {"+": "sum", "max": "max", "min": "min"}
 
 
@@ -226,8 +227,10 @@ def _lower_cross_thread(
         raise CompileError(f"{where}: a cross-thread reduction must be a plain sum/max/min")
     comb, src, buf, idx = _COMBINER_OF[st.value.op], st.value.b, st.buffer, st.indices
     dtype = buf.dtype
-    if dtype not in ("float32", "float64", "int32"):
-        raise CompileError(f"{where}: cross-thread reductions support float32/float64/int32, not {dtype}")
+    if dtype not in ("float32", "float64", "int32", "float16"):
+        raise CompileError(
+            f"{where}: cross-thread reductions support float32/float64/int32/float16, not {dtype}"
+        )
     ident = reduce_identity(comb, dtype)
     t = Buffer(f"{buf.name}_red", (1,), dtype, "local")
     zero = (const(0),)
@@ -322,12 +325,14 @@ def _buffers_used(s: Stmt) -> set[int]:
 
 
 def finish(func: PrimFunc) -> PrimFunc:
-    """Guard single-thread stores, insert barriers and record the launch shape of every kernel."""
+    """Pad the shared tiles ``func.attrs[SMEM_PAD]`` names (:func:`pad_shared`), double-buffer, guard
+    single-thread stores, insert barriers and record the launch shape of every kernel."""
     parts = []
     for part in kernel_parts(func.body):
         dims = thread_dims(part)
         if not any(tag.startswith("blockIdx") for tag in dims):  # one block: a grid of extent 1
             part = For(Var("bx"), 1, part, "thread", "blockIdx.x")
+        part = pad_shared(part, func.attrs.get(SMEM_PAD, {}))
         part = double_buffer(part)
         part = _GuardStores(dims).visit_stmt(part)
         part = insert_barriers(part, dims)
@@ -339,6 +344,19 @@ def finish(func: PrimFunc) -> PrimFunc:
     out.attrs["launches"] = launches
     out.attrs["launch"] = launches[0]
     return out
+
+
+def pad_shared(part: Stmt, pads: dict[str, int]) -> Stmt:
+    """Widen the last axis of each shared allocation named in ``pads`` (``func.attrs[SMEM_PAD]``: name ->
+    floats) by that many unused elements: the rows of a transposed tile then start in other banks. The
+    compacted buffer is changed in place (the lowered function owns it); accesses keep their indices."""
+    if not pads:
+        return part
+    for s in walk_stmts(part):
+        if isinstance(s, Allocate) and s.buffer.scope == "shared" and s.buffer.name in pads:
+            *lead, last = s.buffer.shape
+            s.buffer.shape = (*lead, last + int(pads[s.buffer.name]))
+    return part
 
 
 def thread_dims(s: Stmt) -> dict[str, int]:

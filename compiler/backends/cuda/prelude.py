@@ -1,5 +1,6 @@
-"""The CUDA prelude: fixed-width integer types for NVRTC, floor division helpers, warp all-reduce
-helpers; only the parts a translation unit uses (names recorded by the printer in ``helpers``)."""
+"""The CUDA prelude: fixed-width integer types for NVRTC, floor division helpers, float16 conversions
+(inline PTX ``cvt``, so neither NVRTC nor nvcc needs cuda_fp16.h), warp all-reduce helpers; only the parts
+a translation unit uses (names recorded by the printer in ``helpers``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,23 @@ __device__ __forceinline__ {T} kiln_floormod_{s}({T} a, {T} b) {{
 }}
 """,
 }
+
+_HALF = """\
+typedef unsigned short kiln_half;  // IEEE binary16 bits in memory; registers hold floats
+__device__ __forceinline__ float kiln_h2f(kiln_half h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ kiln_half kiln_f2h(float f) {
+  kiln_half h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float kiln_h(float f) {  // f rounded to the nearest binary16 value
+  return kiln_h2f(kiln_f2h(f));
+}
+"""
 
 _LANE_MASK = """\
 __device__ __forceinline__ unsigned kiln_group_mask(int width) {
@@ -58,14 +76,17 @@ def render_prelude(helpers: set[str]) -> str:
         if kind in ("floordiv", "floormod"):
             t = "int32_t" if s == "i32" else "int64_t"
             parts.append(_FLOOR[kind].format(T=t, s=s))
+    if "half" in helpers:
+        parts.append(_HALF)
     warps = sorted(h for h in helpers if h.startswith("warp_"))
     if warps:
         parts.append(_LANE_MASK)
     for h in warps:
         _, comb, s = h.split("_")
-        t = {"f32": "float", "f64": "double", "i32": "int32_t"}[s]
-        fmax = {"f32": "fmaxf", "f64": "fmax", "i32": "max"}[s]
-        fmin = {"f32": "fminf", "f64": "fmin", "i32": "min"}[s]
-        step = {"sum": "v += o", "max": f"v = {fmax}(v, o)", "min": f"v = {fmin}(v, o)"}[comb]
+        t = {"f32": "float", "f64": "double", "i32": "int32_t", "f16": "float"}[s]
+        fmax = {"f32": "fmaxf", "f64": "fmax", "i32": "max", "f16": "fmaxf"}[s]
+        fmin = {"f32": "fminf", "f64": "fmin", "i32": "min", "f16": "fminf"}[s]
+        add = "v = kiln_h(v + o)" if s == "f16" else "v += o"  # float16: each step rounded to binary16
+        step = {"sum": add, "max": f"v = {fmax}(v, o)", "min": f"v = {fmin}(v, o)"}[comb]
         parts.append(_WARP.format(T=t, comb=comb, s=s, step=step))
     return "\n".join(parts)

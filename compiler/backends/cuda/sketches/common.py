@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from compiler.errors import ScheduleError
 from compiler.loopir import analysis as A
-from compiler.loopir.expr import Load, replace_buffer_loads
+from compiler.loopir.expr import Call, Expr, Load, replace_buffer_loads, transform
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, BufferStore, For, walk_stmts
+
+FAST_MATH = {"exp": "fast_exp", "log": "fast_log"}  # float32 intrinsic -> its fast-math form
 
 
 def block_threads(cap: int, extent: int) -> int:
@@ -79,3 +81,19 @@ def localize(sch: Schedule, keep_global: set[int] | None = None) -> None:
 
 def is_param(sch: Schedule, buf: Buffer) -> bool:
     return any(p is buf for p in sch.func.params)
+
+
+def use_fast_math(sch: Schedule) -> None:
+    """Every float32 ``exp``/``log`` of the scheduled function becomes ``fast_exp``/``fast_log`` (printed
+    ``__expf``/``__logf``; the SIMT interpreter evaluates them with the hardware's error model)."""
+
+    def fast(e: Expr) -> Expr | None:
+        if isinstance(e, Call) and e.dtype == "float32" and e.name in FAST_MATH:
+            return Call(FAST_MATH[e.name], e.args, e.dtype)
+        return None
+
+    for b in sch.blocks():
+        for s in walk_stmts(b):
+            if isinstance(s, BufferStore):
+                s.value = transform(s.value, fast)
+    sch._log("use_fast_math()")

@@ -1,7 +1,9 @@
 """The CUDA contraction sketch: matmul / batch_matmul / conv2d with a fused epilogue.
 
 Knobs ``bm``, ``bn`` (block tile of C), ``bk`` (K slice staged in shared memory), ``tm``, ``tn``
-(register tile per thread), ``vector`` (width of the cooperative global loads), ``double_buffer``.
+(register tile per thread), ``vector`` (width of the cooperative global loads), ``double_buffer``,
+``min_blocks`` (occupancy: ``__launch_bounds__(threads, min_blocks)``), ``smem_pad`` (floats of padding
+per row of a transposed shared tile), ``group_m`` (grouped block order).
 The classic shared-memory SGEMM, written with the primitives::
 
     blockIdx.z  batch and outer M/N loops (fused)
@@ -22,11 +24,32 @@ The tiled axes are the innermost M and N loops (like the CPU sketch); batch dims
 of its loads indexes it with the M (or N) and K variables on separate axes and outside any select
 (padding); conv2d's image and its fused (c, kh, kw) weight axis are read from global memory (L1-cached),
 the simpler conv schedule. Shapes without an M or N loop (matrix-vector) get one output per thread.
+
+Occupancy, bank conflicts, block order:
+
+* ``min_blocks`` = B asks ptxas for B resident blocks per SM (``func.attrs["min_blocks_per_sm"]``, printed
+  as the second ``__launch_bounds__`` argument): registers per thread are capped at 65536 / (threads x B);
+  ``check`` keeps threads x B and shared bytes x B within the SM (2048 threads on sm_80/sm_90, 1536 on
+  sm_86/sm_89; shared memory: the opt-in limit + 1 KiB);
+* ``smem_pad`` = P lays a transposed tile (A read [m][k], stored [k][m]) out as [bk][bm + P]: the
+  cooperative copy's stores, a warp's 32 threads writing a column of it, fall into different banks
+  (:func:`transposed_store_conflicts` counts the ways: 128x16 tiles with float4 loads: 4-way at P=0,
+  2-way at P=4, conflict-free at P=2). P = 1 or 2 costs the float4 reads of the register tile (float2 or
+  scalar instead); the default takes the better of P = 0 and P = 4 (both keep float4 reads);
+* ``group_m`` = G launches the output tiles in groups of G block rows (blockIdx.x = (mg, nb, mi) fused, M
+  tile = mg*G + mi), so consecutive blocks share B tiles in L2 (Triton's grouped ordering); G must divide
+  the number of block rows.
+
+Block tiles never exceed the M/N extent's next power of two (at least 32: ``tile_cap``); a larger tile only
+adds idle threads (a 128x128 conv tile over 16 output columns made cicc run for minutes). The default
+picks, among 128x128 / 64x64 / 64x32 / 32x64 / 32x32 block tiles, the largest one that still gives
+every SM a block (BERT's 128x768 projections: 32x32 tiles, 96 blocks, instead of 24 at 64x64).
 """
 
 from __future__ import annotations
 
 from compiler.backends import group_analysis as G
+from compiler.backends.cuda.lower import SMEM_PAD
 from compiler.backends.cuda.sketches.common import cooperative, localize, thread_per_element
 from compiler.backends.group_analysis import GemmView, gemm_view
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, prepare
@@ -39,13 +62,46 @@ from compiler.loopir.stmt import Block, Buffer, For
 from compiler.target import Target
 
 SIMPLE_THREADS = 128
+THREADS_PER_SM = {"sm_86": 1536, "sm_87": 1536, "sm_89": 1536}  # others (sm_70/75/80/90): 2048
+BANKS = 32
+
+
+def tile_cap(extent: int) -> int:
+    """The largest legal block tile along an axis of ``extent``: its next power of two, at least 32."""
+    return max(32, 1 << (extent - 1).bit_length())
+
+
+def threads_per_sm(target: Target) -> int:
+    return THREADS_PER_SM.get(target.arch, 2048)
+
+
+def transposed_store_conflicts(rows: int, bk: int, vector: int, pad: int, threads: int) -> int:
+    """Worst bank-conflict degree (ways) of the shared stores of one warp in the cooperative copy of a
+    [rows, bk] tile (element f = (step*threads + thread)*vector + lane, m = f // bk, k = f % bk) into a
+    [bk][rows + pad] layout: the number of distinct 4-byte words one bank serves in one store."""
+    worst = 1
+    v = vector if (rows * bk) % vector == 0 else 1
+    steps = -(-(rows * bk) // (threads * v))
+    for step in range(steps):
+        for lane in range(v):
+            banks: dict[int, set[int]] = {}
+            for t in range(min(32, threads)):
+                f = (step * threads + t) * v + lane
+                if f >= rows * bk:
+                    continue
+                m, k = divmod(f, bk)
+                addr = k * (rows + pad) + m
+                banks.setdefault(addr % BANKS, set()).add(addr)
+            if banks:
+                worst = max(worst, max(len(a) for a in banks.values()))
+    return worst
 
 
 class CudaContractionSketch(Sketch):
     """Contraction groups on the GPU: shared-memory tiles of A and B, a register tile of C per thread."""
 
     name = "contraction"
-    version = 1
+    version = 2
     kinds = ("contraction",)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
@@ -57,25 +113,72 @@ class CudaContractionSketch(Sketch):
             Knob("tn", (1, 2, 4, 8), "columns of C per thread (register tile)"),
             Knob("vector", (1, 2, 4), "vector width of global loads"),
             Knob("double_buffer", (0, 1), "double-buffer the shared-memory tiles"),
+            Knob("min_blocks", (1, 2, 3, 4), "resident blocks per SM asked of ptxas (__launch_bounds__)"),
+            Knob("smem_pad", (0, 1, 2, 4), "floats of padding per row of a transposed shared tile"),
+            Knob("group_m", (1, 4, 8), "block rows per group of the grouped launch order"),
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        m_ext, n_ext = G.anchor_extents(group)
+        for knob, ext, axis in (("bm", m_ext, "M"), ("bn", n_ext, "N")):
+            if config[knob] > tile_cap(ext):
+                raise ScheduleError(
+                    f"contraction: {knob} {config[knob]} exceeds the {axis} extent {ext} "
+                    f"(tiles up to {tile_cap(ext)}: a larger one only adds idle threads)"
+                )
         threads = (config["bm"] // config["tm"]) * (config["bn"] // config["tn"])
         if threads > target.max_threads_per_block or threads < 32:
             raise ScheduleError(
                 f"contraction: {threads} threads per block is outside [32, {target.max_threads_per_block}]"
             )
-        smem = (config["bm"] + config["bn"]) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
+        pad = config["smem_pad"]
+        smem = (
+            (config["bm"] + config["bn"] + 2 * pad) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
+        )
         if smem > target.max_shared_bytes_optin:
             raise ScheduleError(f"contraction: {smem} bytes of shared memory exceed the device limit")
+        blocks = config["min_blocks"]
+        if threads * blocks > threads_per_sm(target):
+            raise ScheduleError(
+                f"contraction: min_blocks {blocks} x {threads} threads exceed the {threads_per_sm(target)} "
+                f"threads of an SM ({target.arch})"
+            )
+        if smem * blocks > target.max_shared_bytes_optin + 1024:
+            raise ScheduleError(
+                f"contraction: min_blocks {blocks} x {smem} bytes of shared memory exceed an SM's"
+            )
+        g = config["group_m"]
+        if g > 1:
+            rows = -(-m_ext // config["bm"])
+            if rows % g:
+                raise ScheduleError(
+                    f"contraction: group_m {g} does not divide the {rows} block rows (M {m_ext})"
+                )
 
     def default(self, group: Group, target: Target) -> Config:
         m_ext, n_ext = G.anchor_extents(group)
+        extra = {"min_blocks": 1, "group_m": 1}
         if m_ext >= 512 and n_ext >= 512 and not G.is_conv(group):
             # large GEMMs: 128x128 block tiles, 8x8 per thread, prefetching double buffer
             # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90)
-            return {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
-        return {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
+            tile = {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
+        else:
+            tile = {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
+            # small grids (BERT's 128 x 768 projections): smaller tiles until every SM gets a block;
+            # tiles never exceed the extents' caps (check)
+            fits = [
+                (bm, bn, tm, tn)
+                for bm, bn, tm, tn in ((64, 64, 4, 4), (64, 32, 4, 2), (32, 64, 2, 4), (32, 32, 2, 2))
+                if bm <= tile_cap(m_ext) and bn <= tile_cap(n_ext)
+            ]  # (32, 32) always fits
+            batch = G.reduce_and_batch(group)[1]
+            for bm, bn, tm, tn in fits:
+                tile.update(bm=bm, bn=bn, tm=tm, tn=tn)
+                if G.is_conv(group) or batch * -(-m_ext // bm) * -(-n_ext // bn) >= target.cores:
+                    break
+        threads = (tile["bm"] // tile["tm"]) * (tile["bn"] // tile["tn"])
+        pad = min((0, 4), key=lambda p: transposed_store_conflicts(tile["bm"], tile["bk"], 4, p, threads))
+        return {**tile, **extra, "smem_pad": pad}
 
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
         self.check(group, config, target)
@@ -116,8 +219,17 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
     zb = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     if zb is not None:
         sch.bind(zb, "blockIdx.z")
-    sch.bind(mb, "blockIdx.y")
-    sch.bind(nb, "blockIdx.x")
+    g = config["group_m"]
+    if g > 1 and mb.extent % g == 0 and mb.extent > g:
+        mg, mi_b = sch.split(mb, [None, g])
+        sch.reorder(mg, nb, mi_b)
+        nb = sch.fuse(mg, nb, mi_b)  # the epilogue is placed under this one block loop
+        sch.bind(nb, "blockIdx.x")
+    else:
+        sch.bind(mb, "blockIdx.y")
+        sch.bind(nb, "blockIdx.x")
+    if config["min_blocks"] > 1:
+        sch.func.attrs["min_blocks_per_sm"] = config["min_blocks"]
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     sch.unroll(ki)
@@ -143,6 +255,9 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
         sch.transform_layout(
             cache, lambda *idx, perm=perm: [idx[d] for d in perm], [cache.shape[d] for d in perm]
         )
+        if d_mn < d_k and config["smem_pad"]:  # stored transposed: pad its rows against bank conflicts
+            # applied to the compacted tile by compiler.backends.cuda.lower (compaction would drop it here)
+            sch.func.attrs.setdefault(SMEM_PAD, {})[cache.name] = config["smem_pad"]
         cooperative(sch, copy, ko, ny, nx, config["vector"])
     if staged and config["double_buffer"]:
         ko.annotations["double_buffer"] = 1  # lowered by compiler.backends.cuda.lower

@@ -18,7 +18,7 @@ from compiler.fusion import fuse
 from compiler.loopir.expr import Load, Var, const
 from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, seq
 from compiler.passes import optimize
-from tests.compiler.backends.cuda.util import CUDA, lowered
+from tests.compiler.backends.cuda.util import CUDA, PLAIN, lowered
 
 
 def group_of(graph, kind=None):
@@ -32,10 +32,26 @@ def funcs() -> dict[str, PrimFunc]:
     b = GraphBuilder("sm")
     sm = group_of(b.build([b.softmax(b.input("x", (64, 1024)))]))
     out["softmax_warp"] = lowered(
-        sm, {"threads_per_row": 32, "rows_per_block": 4, "vector": 4, "keep_row": "registers", "unroll": 1}
+        sm,
+        {
+            "threads_per_row": 32,
+            "rows_per_block": 4,
+            "vector": 4,
+            "keep_row": "registers",
+            "unroll": 1,
+            "fast_math": 0,
+        },
     )
     out["softmax_block"] = lowered(
-        sm, {"threads_per_row": 256, "rows_per_block": 1, "vector": 4, "keep_row": "reread", "unroll": 4}
+        sm,
+        {
+            "threads_per_row": 256,
+            "rows_per_block": 1,
+            "vector": 4,
+            "keep_row": "reread",
+            "unroll": 4,
+            "fast_math": 0,
+        },
     )
     b = GraphBuilder("gelu")
     x = b.input("x", (256, 3072))
@@ -48,10 +64,10 @@ def funcs() -> dict[str, PrimFunc]:
     b = GraphBuilder("mm")
     mm = group_of(b.build([b.relu(b.matmul(b.input("a", (512, 512)), b.input("w", (512, 512))))]))
     out["gemm_db"] = lowered(
-        mm, {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
+        mm, {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1, **PLAIN}
     )
     out["gemm_dynamic"] = lowered(
-        mm, {"bm": 256, "bn": 128, "bk": 64, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 0}
+        mm, {"bm": 256, "bn": 128, "bk": 64, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 0, **PLAIN}
     )
     for name, f in out.items():
         f.name = name

@@ -18,7 +18,7 @@ from compiler.loopir.stmt import Allocate, Barrier, BufferStore, For, PrimFunc, 
 from compiler.passes import optimize
 from compiler.te import lower as te_lower
 from compiler.te_ops import graph_to_te
-from tests.compiler.backends.cuda.util import check_group
+from tests.compiler.backends.cuda.util import PLAIN, check_group
 
 
 def softmax_group(rows=3, cols=64):
@@ -27,7 +27,14 @@ def softmax_group(rows=3, cols=64):
 
 
 def red_config(t, rpb=1, v=1, keep="reread", unroll=1):
-    return {"threads_per_row": t, "rows_per_block": rpb, "vector": v, "keep_row": keep, "unroll": unroll}
+    return {
+        "threads_per_row": t,
+        "rows_per_block": rpb,
+        "vector": v,
+        "keep_row": keep,
+        "unroll": unroll,
+        "fast_math": 0,
+    }
 
 
 def calls(func: PrimFunc) -> list[Call]:
@@ -129,7 +136,16 @@ def test_row_outputs_are_stored_by_one_thread():
 def test_shared_tiles_get_barriers(double_buffer):
     b = GraphBuilder("mm")
     group = fuse(optimize(b.build([b.matmul(b.input("a", (32, 48)), b.input("w", (48, 32)))]))).groups[0]
-    cfg = {"bm": 32, "bn": 32, "bk": 8, "tm": 4, "tn": 4, "vector": 4, "double_buffer": double_buffer}
+    cfg = {
+        "bm": 32,
+        "bn": 32,
+        "bk": 8,
+        "tm": 4,
+        "tn": 4,
+        "vector": 4,
+        "double_buffer": double_buffer,
+        **PLAIN,
+    }
     func = check_group(group, cfg)
     (ko,) = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.kind != "thread" and s.extent == 6]
     assert barriers(ko) == (1 if double_buffer else 2)

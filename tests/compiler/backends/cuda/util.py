@@ -14,6 +14,7 @@ from compiler.target import Target
 from tests.compiler.property_graphs import inputs_for
 
 CUDA = Target.cuda()
+PLAIN = {"min_blocks": 1, "smem_pad": 0, "group_m": 1}  # contraction knobs left at their plain values
 
 
 def lowered(group: Group, config: dict | None = None) -> PrimFunc:

@@ -1,0 +1,155 @@
+"""The CUDA contraction sketch's occupancy, padding and block-order knobs: what they print, that every
+combination computes the reference in the SIMT interpreter (hypothesis), the bank-conflict count behind
+``smem_pad``, the small-grid default, and nvcc (sm_80, sm_90) with -Xptxas -v."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiler.backends import sketch_for
+from compiler.backends.cuda.codegen import generate_cuda
+from compiler.backends.cuda.nvrtc import nvcc_available, nvcc_check
+from compiler.backends.cuda.sketches.contraction import transposed_store_conflicts
+from compiler.builder import GraphBuilder
+from compiler.errors import ScheduleError
+from compiler.fusion import fuse
+from compiler.loopir.stmt import Allocate, walk_stmts
+from compiler.passes import optimize
+from tests.compiler.backends.cuda.util import CUDA, PLAIN, check_group, lowered
+
+SMALL = {"bm": 32, "bn": 32, "bk": 8, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
+BIG = {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
+
+
+def mm_group(m: int, n: int, k: int, bias: bool = True, batch: tuple[int, ...] = ()):
+    import numpy as np
+
+    b = GraphBuilder("mm")
+    y = b.matmul(b.input("a", (*batch, m, k)), b.input("w", (k, n)))
+    if bias:
+        y = b.add(y, b.param("bias", np.linspace(-1, 1, n, dtype=np.float32)))
+    groups = [g for g in fuse(optimize(b.build([y]))).groups if not g.is_view]
+    return groups[0]
+
+
+def shared_shapes(func) -> list[tuple[int, ...]]:
+    return [
+        s.buffer.shape
+        for s in walk_stmts(func.body)
+        if isinstance(s, Allocate) and s.buffer.scope == "shared"
+    ]
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(
+    rows=st.sampled_from([1, 2, 3, 8]),
+    group_m=st.sampled_from([1, 4, 8]),
+    pad=st.sampled_from([0, 1, 2, 4]),
+    double_buffer=st.sampled_from([0, 1]),
+    min_blocks=st.sampled_from([1, 2, 4]),
+)
+def test_every_knob_combination_computes_the_reference(rows, group_m, pad, double_buffer, min_blocks):
+    group = mm_group(32 * rows - 3, 40, 12)
+    config = {**SMALL, "double_buffer": double_buffer, "group_m": group_m, "smem_pad": pad}
+    config["min_blocks"] = min_blocks
+    sketch = sketch_for(group, CUDA)
+    try:
+        sketch.check(group, config, CUDA)
+    except ScheduleError as e:
+        assert "group_m" in str(e) and rows % group_m
+        return
+    check_group(group, config)
+
+
+def test_grouped_order_is_one_grid_axis():
+    func = lowered(mm_group(256, 64, 8), {**SMALL, **PLAIN, "group_m": 4})
+    launch = func.attrs["launch"]
+    assert launch["grid"] == [8 * 2, 1, 1], launch  # 8 block rows x 2 block columns on blockIdx.x
+    check_group(mm_group(256, 64, 8), {**SMALL, **PLAIN, "group_m": 4})
+
+
+def test_group_m_must_divide_the_block_rows():
+    group = mm_group(96, 64, 8)  # 3 block rows of 32
+    with pytest.raises(ScheduleError, match="group_m 4 does not divide the 3 block rows"):
+        sketch_for(group, CUDA).check(group, {**SMALL, **PLAIN, "group_m": 4}, CUDA)
+
+
+def test_padding_widens_only_the_transposed_tile():
+    func = lowered(mm_group(64, 64, 32), {**SMALL, **PLAIN, "smem_pad": 2})
+    assert sorted(shared_shapes(func)) == [(8, 32), (8, 34)]  # B [k][n] as is, A stored [k][m + 2]
+
+
+def test_min_blocks_prints_the_second_launch_bound():
+    func = lowered(mm_group(64, 64, 32), {**SMALL, **PLAIN, "min_blocks": 3})
+    func.name = "mm_occ"
+    assert "__launch_bounds__(64, 3) mm_occ(" in generate_cuda([func], CUDA)
+    plain = lowered(mm_group(64, 64, 32), {**SMALL, **PLAIN})
+    plain.name = "mm_plain"
+    assert "__launch_bounds__(64) mm_plain(" in generate_cuda([plain], CUDA)
+
+
+def test_min_blocks_is_bounded_by_the_threads_of_an_sm():
+    group = mm_group(512, 512, 64)
+    with pytest.raises(ScheduleError, match="min_blocks 4 x 1024 threads exceed the 2048 threads"):
+        cfg = {**BIG, **PLAIN, "tm": 4, "tn": 4, "min_blocks": 4}
+        sketch_for(group, CUDA).check(group, cfg, CUDA)
+
+
+def test_tiles_larger_than_the_extent_are_refused():
+    """A 128-row tile over 16 rows only adds idle threads (such unrolled conv kernels took cicc minutes)."""
+    group = mm_group(16, 256, 8)
+    with pytest.raises(ScheduleError, match="bm 128 exceeds the M extent 16 \\(tiles up to 32"):
+        sketch_for(group, CUDA).check(group, {**BIG, **PLAIN}, CUDA)
+    default = sketch_for(group, CUDA).default(group, CUDA)
+    assert default["bm"] == 32
+
+
+def test_transposed_store_conflicts():
+    """The issue's reading of the 128x128x16 kernel: 4-way conflicts on the transposed A stores."""
+    assert transposed_store_conflicts(128, 16, 4, 0, 256) == 4
+    assert transposed_store_conflicts(128, 16, 4, 4, 256) == 2
+    assert transposed_store_conflicts(128, 16, 4, 2, 256) == 1
+    assert transposed_store_conflicts(128, 32, 4, 1, 256) == 1
+
+
+def test_small_m_default_fills_the_sms():
+    """BERT's 128 x 768 projection: 32 x 32 tiles (96 blocks) rather than 64 x 64 (24 blocks)."""
+    group = mm_group(128, 768, 768, batch=(1,))
+    cfg = sketch_for(group, CUDA).default(group, CUDA)
+    assert (cfg["bm"], cfg["bn"]) == (32, 32)
+    big = sketch_for(mm_group(1024, 1024, 64), CUDA).default(mm_group(1024, 1024, 64), CUDA)
+    assert (big["bm"], big["bn"], big["smem_pad"]) == (128, 128, 4)
+
+
+@cache
+def nvcc_resources(arch: str) -> dict:
+    group = mm_group(1024, 1024, 256)
+    funcs = []
+    for name, cfg in (
+        ("gemm_plain", {**BIG, **PLAIN}),
+        ("gemm_pad4_occ2", {**BIG, **PLAIN, "smem_pad": 4, "min_blocks": 2}),
+        ("gemm_pad2_grouped", {**BIG, **PLAIN, "smem_pad": 2, "group_m": 8}),
+        ("gemm_small_occ4", {**SMALL, **PLAIN, "smem_pad": 1, "min_blocks": 4}),
+    ):
+        func = lowered(group, cfg)
+        func.name = name
+        funcs.append(func)
+    return nvcc_check(generate_cuda(funcs, CUDA), arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_contraction_kernels_compile_with_nvcc(arch):
+    if not nvcc_available():
+        pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
+    res = nvcc_resources(arch)
+    assert set(res) == {"gemm_plain", "gemm_pad4_occ2", "gemm_pad2_grouped", "gemm_small_occ4"}
+    # __launch_bounds__(256, 2): ptxas keeps 2 x 256 threads within the 65536 registers of an SM
+    assert res["gemm_pad4_occ2"].registers <= 128
+    for name, r in res.items():
+        print(
+            f"{arch} {name}: {r.registers} registers, {r.shared_bytes} B shared, {r.spill_stores} B spilled"
+        )
