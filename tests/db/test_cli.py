@@ -128,7 +128,7 @@ def test_db_commands(
     assert "deleted 1 records, 2 left" in out
     status, out, _ = _run(capsys, "db", "info", "--db", third, "--format", "json")
     info = {r["item"]: r["value"] for r in json.loads(out)}
-    assert info["records"] == 2 and info["schema revision"] == "0002"
+    assert info["records"] == 2 and info["schema revision"] == "0003_plans"
     status, out, _ = _run(capsys, "db", "upgrade", "--db", third)
     assert "already at revision 0002" in out
     new = tmp_path / "new.db"

@@ -49,8 +49,8 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_chain_and_version_table() -> None:
-    assert migrate.known_revisions() == ("0001", "0002")
-    assert migrate.head_revision() == "0002"
+    assert migrate.known_revisions() == ("0001", "0002", "0003_plans")
+    assert migrate.head_revision() == "0003_plans"
     assert migrate.VERSION_TABLE == "kiln_alembic_version"
 
 
@@ -59,7 +59,7 @@ def test_new_database_is_created_at_head_through_alembic(empty_url: str) -> None
         tables = set(inspect(db.engine).get_table_names())
         assert tables == KILN_TABLES  # Kiln's own version table; no plain alembic_version
         with db.engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM kiln_alembic_version")).scalar() == "0002"
+            assert conn.execute(text("SELECT version_num FROM kiln_alembic_version")).scalar() == "0003_plans"
 
 
 def test_models_match_migrations(empty_url: str) -> None:
@@ -137,8 +137,8 @@ def test_v1_file_is_refused_then_upgraded(tmp_path: Path) -> None:
     assert _sha(path) == digest  # nothing was written
     engine = make_engine(url)
     try:
-        assert migrate.upgrade(engine, url) == ("0001", "0002")
-        assert migrate.upgrade(engine, url) == ("0002", "0002")
+        assert migrate.upgrade(engine, url) == ("0001", "0003_plans")
+        assert migrate.upgrade(engine, url) == ("0003_plans", "0003_plans")
     finally:
         engine.dispose()
     with TuningDatabase.open(url) as db:
@@ -157,7 +157,7 @@ def test_v1_upgrade_on_postgresql(postgres_url: str) -> None:
         TuningDatabase.open(postgres_url)
     engine = make_engine(postgres_url)
     try:
-        assert migrate.upgrade(engine, postgres_url) == ("0001", "0002")
+        assert migrate.upgrade(engine, postgres_url) == ("0001", "0003_plans")
     finally:
         engine.dispose()
     with TuningDatabase.open(postgres_url) as db:
@@ -261,6 +261,6 @@ def test_optuna_and_kiln_share_one_database(empty_url: str, optuna_first: bool) 
             kiln_rev = conn.execute(text("SELECT version_num FROM kiln_alembic_version")).scalar()
             optuna_rev = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
     assert tables >= KILN_TABLES and {"studies", "trials", "alembic_version"} <= tables
-    assert kiln_rev == "0002" and optuna_rev and optuna_rev != kiln_rev
+    assert kiln_rev == "0003_plans" and optuna_rev and optuna_rev != kiln_rev
     study = optuna.load_study(study_name="s", storage=empty_url)
     assert len(study.trials) == 4

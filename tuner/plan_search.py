@@ -1,0 +1,405 @@
+"""Fusion decisions searched per region: which optional fusion edges of a region to take.
+
+A region (:func:`compiler.fusion.regions`) has optional edges; a plan is edge -> fuse or not. A plan is
+scored by the sum of the best measured latencies of the region's groups under it (weight x latency: a
+workload that occurs twice counts twice). A group's workload key does not depend on the plan, so a group
+already measured under another plan (or as an ordinary schedule task) is reused as it is; a new group is
+tuned with a small budget (``group_trials`` measured candidates) through the same :class:`TaskTuner` /
+measurer path as every schedule task, and its records go to the database like any other.
+
+Nothing else is added for the boundaries between kernels: writing an unfused intermediate and reading it
+back, and each kernel's launch (its call and its OpenMP fork/join on the CPU, its launch on the GPU), are
+inside the separate kernels' measured latencies. What the isolated timings cannot see is the cache state a
+kernel finds in the model (its inputs warm because the harness repeats it, vs. just written by the
+producer); ``scripts/bench_fusion.py`` checks the sum-of-kernels ranking against whole compiled models.
+
+Search order (:class:`PlanSearch`): the rules' plan first, then every single-edge flip ranked by the cost
+model's estimate (the analytic roofline of each unmeasured group's default schedule, scaled by the
+measured groups), then Optuna (TPE, one categorical per edge) asks a few plans per round and the estimate
+picks the one to measure. ``PlanSearch`` has the interface the :class:`~tuner.scheduler.TaskScheduler`
+uses (``task.weight``, ``task.name``, ``state``, ``step(batch)``), so one budget is shared between the
+schedule tasks and the plan search.
+
+Records: the best plan of a region on a target is stored (``kiln_fusion_plans``) with its latency and the
+rules' plan's latency, region-local edge ids. :func:`database_plan` is what compile uses: it applies a
+stored plan only when it beats the rules, and reports and skips a plan whose edges the region no longer has.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler.backends import get_backend
+from compiler.errors import KilnError
+from compiler.fusion import FusionPlan, Group, Region, fuse, regions
+from compiler.graph import Graph
+from compiler.target import Target
+from tuner.search import TaskState, TaskTuner
+from tuner.space import config_json
+from tuner.task import Task, tasks_of_groups
+
+log = logging.getLogger("kiln.plans")
+
+GROUP_TRIALS = 8  # measured candidates for each group a plan brings in (its schedule's small budget)
+ASK_PER_ROUND = 8  # plans Optuna proposes per round; the cost model picks one to measure
+
+
+def target_regions(graph: Graph, target: Target) -> list[Region]:
+    """The regions of ``graph`` (optimized) whose optional edges give groups ``target``'s backend can
+    schedule."""
+    backend = get_backend(target)
+
+    def has_sketch(group: Group) -> bool:
+        try:
+            backend.sketch_for(group)
+        except KilnError:
+            return False
+        return True
+
+    return regions(graph, has_sketch)
+
+
+def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[Group]:
+    """The groups holding the region's nodes when the region follows ``local_plan`` (other edges: rules)."""
+    fused = fuse(graph, region.to_global(local_plan))
+    mine = {id(n) for n in region.nodes}
+    return [g for g in fused.groups if any(id(n) in mine for n in g.nodes)]
+
+
+def plan_json(plan: FusionPlan) -> str:
+    return config_json({k: int(bool(v)) for k, v in plan.items()})
+
+
+@dataclass
+class PlanResult:
+    """A plan of a region and what it costs: per group (workload key, weight); latency once measured."""
+
+    plan: FusionPlan  # region-local edge id -> fuse
+    tasks: list[Task]
+    latency_us: float | None = None
+
+    def groups(self) -> list[tuple[str, int]]:
+        return [(t.workload_key, t.weight) for t in self.tasks]
+
+
+class PlanEstimator:
+    """The cost model's estimate of a plan before its groups are measured: measured groups count with their
+    best latency, unmeasured ones with the analytic roofline of their default schedule (``est_log_cycles``),
+    scaled to microseconds by the median measured/estimated ratio of the groups measured so far."""
+
+    def __init__(self) -> None:
+        from cost_model.features import EST_INDEX, FeatureExtractor
+
+        self.extractor = FeatureExtractor()
+        self.index = EST_INDEX
+        self.ratios: dict[str, float] = {}
+
+    def cycles(self, task: Task) -> float | None:
+        vec = self.extractor.for_task(task, task.default())
+        return None if vec is None else float(2.0 ** float(vec[self.index]))
+
+    def learn(self, task: Task, measured_us: float) -> None:
+        c = self.cycles(task)
+        if c and measured_us > 0:
+            self.ratios[task.workload_key] = measured_us / c
+
+    def estimate(self, tasks: Sequence[Task], measured: Callable[[str], float | None]) -> float:
+        scale = statistics.median(self.ratios.values()) if self.ratios else 1e-3
+        total = 0.0
+        for t in tasks:
+            us = measured(t.workload_key)
+            if us is None:
+                c = self.cycles(t)
+                us = math.inf if c is None else c * scale
+            total += t.weight * us
+        return total
+
+
+@dataclass
+class _RegionTask:
+    """What the scheduler and the progress display read of a plan search (the role of ``Task``)."""
+
+    region: Region
+    weight: int = 1
+    kind: str = "fusion plan"
+
+    @property
+    def name(self) -> str:
+        return f"plans:r{self.region.index}[{self.region.key[:8]}]"
+
+    @property
+    def workload_key(self) -> str:
+        return f"plan:{self.region.key}"
+
+
+class PlanSearch:
+    """Search the fusion plans of one region (see the module docstring). ``tuners`` maps workload keys to
+    the :class:`TaskTuner` of each group measured so far (the schedule tasks' tuners to start with; it is
+    shared between the regions of a model); ``make_tuner(task)`` makes one for a group no plan had before
+    (and commits its workload). ``max_plans`` bounds the plans measured."""
+
+    def __init__(
+        self,
+        region: Region,
+        graph: Graph,
+        target: Target,
+        tuners: dict[str, TaskTuner],
+        make_tuner: Callable[[Task], TaskTuner],
+        *,
+        group_trials: int = GROUP_TRIALS,
+        max_plans: int | None = None,
+        seed: int = 0,
+        estimator: PlanEstimator | None = None,
+    ) -> None:
+        import optuna
+
+        self.region, self.graph, self.target = region, graph, target
+        self.tuners, self.make_tuner = tuners, make_tuner
+        self.group_trials = group_trials
+        self.max_plans = max_plans if max_plans is not None else 2 + 2 * len(region.edges)
+        self.estimator = estimator or PlanEstimator()
+        self.task = _RegionTask(region)
+        self.state = TaskState()
+        self.rng = random.Random(seed)
+        self.results: dict[str, PlanResult] = {}
+        self.rule = region.rule_plan()
+        self.queue: list[FusionPlan] = [self.rule]
+        self.flips_queued = False
+        self.pending: PlanResult | None = None
+        self.pending_trial: Any = None
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.dists = {k: optuna.distributions.CategoricalDistribution((0, 1)) for k in self.rule}
+        self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), direction="minimize")
+
+    # ------------------------------------------------------------- plans
+    def result_for(self, plan: FusionPlan) -> PlanResult:
+        key = plan_json(plan)
+        if key not in self.results:
+            tasks = tasks_of_groups(region_groups(self.graph, self.region, plan), self.target)
+            self.results[key] = PlanResult(dict(plan), tasks)
+        return self.results[key]
+
+    def best_us(self, key: str) -> float | None:
+        t = self.tuners.get(key)
+        return None if t is None else t.state.best_us
+
+    def score(self, result: PlanResult) -> float | None:
+        total = 0.0
+        for key, weight in result.groups():
+            us = self.best_us(key)
+            if us is None:
+                return None
+            total += weight * us
+        return total
+
+    def _estimate(self, plan: FusionPlan) -> float:
+        return self.estimator.estimate(self.result_for(plan).tasks, self.best_us)
+
+    def _queue_flips(self) -> None:
+        """Every single-edge flip of the rules' plan, best estimate first."""
+        flips = [{**self.rule, k: not v} for k, v in self.rule.items()]
+        flips.sort(key=self._estimate)
+        self.queue += flips
+        self.flips_queued = True
+
+    def _ask(self) -> FusionPlan | None:
+        """A new plan from Optuna: ``ASK_PER_ROUND`` asked, the best estimate kept, the others pruned."""
+        import optuna
+
+        asked = []
+        for _ in range(ASK_PER_ROUND):
+            trial = self.study.ask(self.dists)
+            plan = {k: bool(trial.params[k]) for k in self.rule}
+            known = self.results.get(plan_json(plan))
+            if known is not None and known.latency_us is not None:
+                self.study.tell(trial, known.latency_us)
+            elif known is not None or any(plan == p for _, p in asked):
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                asked.append((trial, plan))
+        if not asked:
+            return None
+        asked.sort(key=lambda tp: self._estimate(tp[1]))
+        for trial, _ in asked[1:]:
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        self.pending_trial = asked[0][0]
+        return asked[0][1]
+
+    def _next(self) -> PlanResult | None:
+        if len([r for r in self.results.values() if r.latency_us is not None]) >= self.max_plans:
+            return None
+        while True:
+            if not self.queue and not self.flips_queued and self.rule_done:
+                self._queue_flips()
+            if self.queue:
+                plan = self.queue.pop(0)
+                self.pending_trial = None
+                result = self.result_for(plan)
+                if result.latency_us is None:
+                    return result
+                continue
+            if not self.rule_done:
+                return None
+            plan = self._ask()
+            return None if plan is None else self.result_for(plan)
+
+    @property
+    def rule_done(self) -> bool:
+        r = self.results.get(plan_json(self.rule))
+        return r is not None and r.latency_us is not None
+
+    # -------------------------------------------------------------- step
+    def _tuner(self, task: Task) -> TaskTuner:
+        t = self.tuners.get(task.workload_key)
+        if t is None:
+            t = self.make_tuner(task)
+            self.tuners[task.workload_key] = t
+        return t
+
+    def step(self, batch: int) -> int:
+        """Spend up to ``batch`` measured candidates on the plans; returns how many were measured."""
+        spent = 0
+        while spent < batch and not self.state.done:
+            if self.pending is None:
+                self.pending = self._next()
+                if self.pending is None:
+                    self.state.done = True
+                    break
+            todo = [
+                t
+                for t in (self._tuner(task) for task in self.pending.tasks)
+                if t.state.trials < self.group_trials and not t.state.done
+            ]
+            if todo:
+                t = todo[0]
+                n = t.step(min(batch - spent, self.group_trials - t.state.trials))
+                spent += n
+                if n == 0 and not t.state.done:
+                    t.state.done = True  # nothing new to measure: count it as tuned
+                continue
+            self._finish(self.pending)
+            self.pending = None
+        self.state.measured += spent
+        return spent
+
+    def _finish(self, result: PlanResult) -> None:
+        import optuna
+
+        latency = self.score(result)
+        result.latency_us = math.inf if latency is None else latency
+        for task in result.tasks:
+            us = self.best_us(task.workload_key)
+            if us is not None:
+                self.estimator.learn(task, us)
+        params = {k: int(v) for k, v in result.plan.items()}
+        if self.pending_trial is not None:
+            if latency is None:
+                self.study.tell(self.pending_trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                self.study.tell(self.pending_trial, latency)
+            self.pending_trial = None
+        elif latency is not None:
+            self.study.add_trial(
+                optuna.trial.create_trial(params=params, distributions=self.dists, value=latency)
+            )
+        s = self.state
+        s.trials += 1
+        if latency is not None:
+            if result.plan == self.rule:
+                s.default_us = latency
+            if s.best_us is None or latency < s.best_us:
+                s.best_us, s.best_config = latency, dict(params)
+                s.since_improvement = 0
+            s.history.append((s.trials, s.best_us))
+
+    # ----------------------------------------------------------- outcome
+    def outcome(self) -> PlanOutcome | None:
+        """The best measured plan and the rules' plan, scored again with the groups' final best latencies
+        (tuning after a plan was scored may have improved its groups); None before the rules' plan has a
+        score."""
+        scored = []
+        for r in self.results.values():
+            if r.latency_us is None:
+                continue
+            latency = self.score(r)
+            if latency is not None:
+                scored.append((latency, r))
+        rule = next((lat for lat, r in scored if r.plan == self.rule), None)
+        if rule is None:
+            return None
+        latency, best = min(scored, key=lambda lr: (lr[0], lr[1].plan != self.rule))
+        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored))
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What the search of one region found: the best plan (region-local ids), its latency and the rules'."""
+
+    region: Region
+    plan: FusionPlan
+    latency_us: float
+    rule_latency_us: float
+    plans_measured: int
+
+    @property
+    def flipped(self) -> list[str]:
+        return self.region.flipped(self.plan)
+
+    def commit(self, db: Any, target_key: str) -> int:
+        return db.commit_fusion_plan(
+            self.region.key, target_key, self.plan, self.latency_us, rule_latency_us=self.rule_latency_us
+        )
+
+
+# ------------------------------------------------------------------ compile side
+@dataclass
+class PlanReport:
+    """Which stored plans compile applied, and why the others were not (stale, or not better)."""
+
+    plan: FusionPlan = field(default_factory=dict)  # whole-graph edge ids, for :func:`compiler.fusion.fuse`
+    lines: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def stale(self) -> list[dict[str, Any]]:
+        return [r for r in self.lines if r["status"] == "stale"]
+
+
+def database_plan(db: Any, graph: Graph, target: Target) -> PlanReport:
+    """The fusion plan compile applies for ``graph`` (optimized) on ``target``: for each region, its best
+    stored plan when that beats the rules' plan; a stored plan naming edges the region does not have is
+    reported (a warning, and a ``stale`` line) and skipped, never applied."""
+    report = PlanReport()
+    for region in target_regions(graph, target):
+        rec = db.best_fusion_plan(region.key, target.key)
+        if rec is None:
+            continue
+        line = {
+            "region": region.index,
+            "region_key": region.key,
+            "latency_us": rec.latency_us,
+            "rule_latency_us": rec.rule_latency_us,
+            "flipped": [],
+        }
+        try:
+            if not isinstance(rec.plan, dict) or not all(
+                isinstance(v, bool | int) for v in rec.plan.values()
+            ):
+                raise KilnError(f"fusion plan {rec.id} is not a mapping of edge ids to true/false")
+            global_plan = region.to_global({k: bool(v) for k, v in rec.plan.items()})
+        except KilnError as exc:
+            log.warning("stored fusion plan %d skipped: %s", rec.id, exc)
+            report.lines.append({**line, "status": "stale", "why": str(exc)})
+            continue
+        line["flipped"] = region.flipped(rec.plan)
+        if rec.rule_latency_us is None or not rec.latency_us < rec.rule_latency_us or not line["flipped"]:
+            report.lines.append({**line, "status": "rules", "why": "the rules' plan is as fast"})
+            continue
+        report.plan.update(global_plan)
+        report.lines.append({**line, "status": "applied", "why": ""})
+    return report
