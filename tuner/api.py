@@ -6,6 +6,8 @@
   plus argument parsing and printing. The run row is closed (its end time set) whatever happens.
 - ``compile(model, target, db)`` is :func:`compiler.build.compile` with the database's best valid record
   for each group (``db`` is a TuningDatabase or a URL); groups without a record use their sketch's default.
+  Each region's stored fusion plan is applied when it beats the rules' plan (:mod:`tuner.plan_search`);
+  a stale one (edges the region no longer has) is reported in ``meta["fusion_plans"]`` and skipped.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from compiler.errors import KilnError
 from compiler.frontend import load_model
 from compiler.fusion import FusionPlan
 from compiler.graph import Graph
+from compiler.passes import optimize
 from compiler.reference import random_inputs
 from compiler.target import Target
 from db.database import TuningDatabase
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
+from tuner.plan_search import GROUP_TRIALS, PlanOutcome, PlanSearch, database_plan, target_regions
 from tuner.progress import LiveProgress
 from tuner.records import database_config_source
 from tuner.scheduler import Budget, TaskScheduler
@@ -37,15 +41,33 @@ from tuner.storage import optuna_storage
 from tuner.task import Task, extract_tasks
 
 COST_MODELS = ("gbdt", "analytic", "none")
+FUSION_MODES = ("auto", "search", "rules")
 
 
 def compile(
-    model: Graph | str, target: Target | str = "cpu", db: Any = None, plan: FusionPlan | None = None
+    model: Graph | str,
+    target: Target | str = "cpu",
+    db: Any = None,
+    plan: FusionPlan | None = None,
+    fusion_plans: bool = True,
 ) -> Any:
-    """Compile ``model`` for ``target``; with ``db``, each group uses its best valid tuning record.
-    Returns the target backend's compiled model (``run``, ``timeit``, ``save``)."""
+    """Compile ``model`` for ``target``; with ``db``, each group uses its best valid tuning record and
+    (with ``fusion_plans``, unless ``plan`` is given) each region its stored fusion plan when it beats the
+    rules'. Returns the target backend's compiled model (``run``, ``timeit``, ``save``); with ``db``, its
+    ``meta["fusion_plans"]`` says which plans were applied and which were skipped and why."""
+    if isinstance(db, str):
+        db = TuningDatabase.open(db, create=False)
     configs = database_config_source(db) if db is not None else None
-    return build_model(model, target, plan=plan, configs=configs)
+    lines = None
+    if db is not None and plan is None and fusion_plans:
+        graph = load_model(model) if isinstance(model, str) else model
+        target = Target.parse(target)
+        report = database_plan(db, optimize(graph), target)
+        model, plan, lines = graph, report.plan or None, report.lines
+    compiled = build_model(model, target, plan=plan, configs=configs)
+    if lines is not None:
+        compiled.meta["fusion_plans"] = lines
+    return compiled
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,7 @@ class TuneSummary:
     budget_trials: int | None = None  # the run's trial budget over its tasks (None: a time budget only)
     budget_seconds: float | None = None
     resumed: Resume | None = None  # the unfinished run this invocation continued, if any
+    plans: list[PlanOutcome] = field(default_factory=list)  # fusion-plan search: one per searched region
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain JSON data (``kiln tune --format json``)."""
@@ -136,6 +159,17 @@ class TuneSummary:
                     "done": r.done,
                 }
                 for i, r in enumerate(self.tasks)
+            ],
+            "plans": [
+                {
+                    "region": p.region.index,
+                    "region_key": p.region.key,
+                    "flipped": p.flipped,
+                    "latency_us": p.latency_us,
+                    "rule_latency_us": p.rule_latency_us,
+                    "plans_measured": p.plans_measured,
+                }
+                for p in self.plans
             ],
             "timing": None
             if t is None
@@ -228,6 +262,7 @@ def tune(
     command_line: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     resume: bool = True,
+    fusion: str = "auto",
 ) -> TuneSummary:
     """Tune ``model`` (a Graph, a built-in model name or an ONNX file) on ``target`` into ``db``.
 
@@ -247,6 +282,10 @@ def tune(
     it had left is spent, counting the records stored under it. The run's row in the database is closed
     (end time set, with how it ended) whatever happens; Ctrl-C stops after the current batch's results are
     committed and gives a summary with ``interrupted`` set.
+
+    ``fusion`` (``search``, ``rules`` or ``auto``): with ``search``, a whole-model run also searches each
+    region's fusion plan (:mod:`tuner.plan_search`) under the same budget and stores the best plan per
+    region; ``auto`` searches when the budget allows (:func:`plan_search_fits`); ``rules`` keeps the rules.
     """
     if isinstance(budget, int):
         budget = Budget(trials=budget)
@@ -255,6 +294,8 @@ def tune(
             raise KilnError(f"a tuning budget needs at least 1 {what}, got {value}")
     if cost_model not in COST_MODELS:
         raise KilnError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
+    if fusion not in FUSION_MODES:
+        raise KilnError(f"unknown fusion mode {fusion!r}: use one of {', '.join(FUSION_MODES)}")
     graph = load_model(model, input_shapes) if isinstance(model, str) else model
     target = Target.parse(target)
     if measurer is None and target.kind == "cuda":
@@ -263,6 +304,10 @@ def tune(
         require_cupy("tuning for the cuda target")  # one line, before a run row is opened
     chosen = select_tasks(extract_tasks(graph, target), tasks)
     total_trials = budget.total_trials(len(chosen))
+    optimized = optimize(graph)
+    plan_regions = target_regions(optimized, target) if fusion != "rules" and not tasks else []
+    if fusion == "auto" and not plan_search_fits(total_trials, len(chosen), plan_regions):
+        plan_regions = []
     args = {
         "tasks": [t.workload_key for t in chosen],
         "whole": not tasks,
@@ -271,6 +316,8 @@ def tune(
         "cost_model": cost_model,
         "seed": seed,
     }
+    if plan_regions:
+        args["fusion"] = "search"
     spec = {
         "trials": total_trials,
         "seconds": budget.seconds,
@@ -296,6 +343,7 @@ def tune(
         )
         own_measurer = measurer is None
         tuners: list[TaskTuner] = []
+        plans: list[PlanOutcome] = []
         interrupted, outcome = False, "failed"
         started = time.monotonic()
         try:
@@ -323,6 +371,28 @@ def tune(
             before = database.run_record_counts(run_id)
             for t in tuners:
                 t.state.measured = before.get(t.task.workload_key, 0)
+            group_tuners = {t.task.workload_key: t for t in tuners}
+
+            def make_tuner(task: Task) -> TaskTuner:  # a group that only another fusion plan makes
+                database.commit_workload(
+                    task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes
+                )
+                return TaskTuner(
+                    task,
+                    database,
+                    measurer,
+                    storage,
+                    sampler,
+                    seed=seed + len(group_tuners),
+                    early_stop=early_stop,
+                    run_id=run_id,
+                    candidate_filter=candidate_filter,
+                    oversample=oversample,
+                )
+
+            searches = [
+                PlanSearch(r, optimized, target, group_tuners, make_tuner, seed=seed) for r in plan_regions
+            ]
             display: Any = contextlib.nullcontext()
             if progress:
                 display = LiveProgress(
@@ -336,13 +406,22 @@ def tune(
                 )
             with display as live:
                 scheduler = TaskScheduler(
-                    tuners, left, batch, seed=seed, on_round=live.update if live is not None else None
+                    [*tuners, *searches],
+                    left,
+                    batch,
+                    seed=seed,
+                    on_round=live.update if live is not None else None,
                 )
                 if _has_budget(left):
                     try:
                         scheduler.run()
                     except KeyboardInterrupt:
                         interrupted = True
+            for search in searches:
+                found = search.outcome()
+                if found is not None:
+                    found.commit(database, target.key)
+                    plans.append(found)
             outcome = "interrupted" if interrupted else "complete"
         finally:
             try:
@@ -371,7 +450,17 @@ def tune(
         budget_trials=total_trials,
         budget_seconds=budget.seconds,
         resumed=resumed,
+        plans=plans,
     )
+
+
+def plan_search_fits(total_trials: int | None, n_tasks: int, plan_regions: Sequence[Any]) -> bool:
+    """Whether ``kiln tune --fusion auto`` searches fusion plans: when the budget is a time, or when the
+    trials cover a warm-up batch per task plus, per region, the rules' plan and two other plans'
+    groups (``GROUP_TRIALS`` each)."""
+    if not plan_regions:
+        return False
+    return total_trials is None or total_trials >= 8 * n_tasks + 2 * GROUP_TRIALS * len(plan_regions)
 
 
 def _has_budget(budget: Budget) -> bool:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compiler.backends import get_backend
-from compiler.errors import KilnError
+from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import FusionPlan, Group, Region, fuse, regions
 from compiler.graph import Graph
 from compiler.target import Target
@@ -70,6 +70,17 @@ def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[
     fused = fuse(graph, region.to_global(local_plan))
     mine = {id(n) for n in region.nodes}
     return [g for g in fused.groups if any(id(n) in mine for n in g.nodes)]
+
+
+def _same_anchor(group: Group, anchor: Any) -> bool:
+    """Whether ``group``'s anchor computes the same thing as ``anchor``: op, attributes and shapes."""
+    a = group.anchor
+    return (
+        a is not None
+        and a.op == anchor.op
+        and a.attrs == anchor.attrs
+        and [v.shape for v in a.inputs] == [v.shape for v in anchor.inputs]
+    )
 
 
 def plan_json(plan: FusionPlan) -> str:
@@ -260,7 +271,34 @@ class PlanSearch:
         if t is None:
             t = self.make_tuner(task)
             self.tuners[task.workload_key] = t
+            self._seed(t)
         return t
+
+    def _seed(self, tuner: TaskTuner) -> None:
+        """Start a new group from the best schedule found so far for a group with the same anchor (the same
+        GEMM, conv or reduction with another prologue/epilogue) when that config is legal for it, so two plans
+        compare their fusion, not the luck of two small schedule searches."""
+        from tuner.samplers import to_params
+
+        anchor = tuner.task.group.anchor
+        if anchor is None:
+            return
+        for other in list(self.tuners.values()):
+            g = other.task.group
+            if (
+                other is tuner
+                or other.state.best_config is None
+                or other.task.sketch.name != tuner.task.sketch.name
+            ):
+                continue
+            if not _same_anchor(g, anchor):
+                continue
+            try:
+                tuner.task.check(other.state.best_config)
+                params = to_params(tuner.space, other.state.best_config, tuner.how)
+            except (KilnError, ScheduleError, KeyError, ValueError):
+                continue
+            tuner.study.enqueue_trial(params, skip_if_exists=True)
 
     def step(self, batch: int) -> int:
         """Spend up to ``batch`` measured candidates on the plans; returns how many were measured."""
