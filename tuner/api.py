@@ -418,6 +418,8 @@ def tune(
                     except KeyboardInterrupt:
                         interrupted = True
             for search in searches:
+                if not interrupted:
+                    search.confirm(measurer, database, run_id)
                 found = search.outcome()
                 if found is not None:
                     found.commit(database, target.key)

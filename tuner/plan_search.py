@@ -48,6 +48,8 @@ log = logging.getLogger("kiln.plans")
 
 GROUP_TRIALS = 8  # measured candidates for each group a plan brings in (its schedule's small budget)
 ASK_PER_ROUND = 8  # plans Optuna proposes per round; the cost model picks one to measure
+CONFIRM_PLANS = 3  # plans that beat the rules re-measured against them at the end
+CONFIRM_ROUNDS = 5
 
 
 def target_regions(graph: Graph, target: Target) -> list[Region]:
@@ -63,6 +65,20 @@ def target_regions(graph: Graph, target: Target) -> list[Region]:
         return True
 
     return regions(graph, has_sketch)
+
+
+def plan_problem(graph: Graph, plan: FusionPlan, target: Target) -> str | None:
+    """Why ``target``'s backend cannot compile ``graph`` (optimized) under ``plan`` (whole-graph edge ids):
+    a group that no sketch of the backend schedules; None when every group has one."""
+    backend = get_backend(target)
+    for group in fuse(graph, plan).groups:
+        if group.is_view:
+            continue
+        try:
+            backend.sketch_for(group)
+        except KilnError as exc:
+            return str(exc)
+    return None
 
 
 def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[Group]:
@@ -94,6 +110,7 @@ class PlanResult:
     plan: FusionPlan  # region-local edge id -> fuse
     tasks: list[Task]
     latency_us: float | None = None
+    problem: str | None = None  # why the target cannot compile the plan's groups (never measured)
 
     def groups(self) -> list[tuple[str, int]]:
         return [(t.workload_key, t.weight) for t in self.tasks]
@@ -184,6 +201,8 @@ class PlanSearch:
         self.flips_queued = False
         self.pending: PlanResult | None = None
         self.pending_trial: Any = None
+        self.confirmed: dict[str, float] = {}  # workload key -> re-measured latency (see confirm)
+        self.finalists: set[str] | None = None  # the plans confirm compared (None: every measured plan)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.dists = {k: optuna.distributions.CategoricalDistribution((0, 1)) for k in self.rule}
         self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), direction="minimize")
@@ -192,15 +211,22 @@ class PlanSearch:
     def result_for(self, plan: FusionPlan) -> PlanResult:
         key = plan_json(plan)
         if key not in self.results:
-            tasks = tasks_of_groups(region_groups(self.graph, self.region, plan), self.target)
-            self.results[key] = PlanResult(dict(plan), tasks)
+            try:
+                tasks = tasks_of_groups(region_groups(self.graph, self.region, plan), self.target)
+                self.results[key] = PlanResult(dict(plan), tasks)
+            except KilnError as exc:  # a group no sketch of the target schedules: not a candidate
+                self.results[key] = PlanResult(dict(plan), [], math.inf, str(exc))
         return self.results[key]
 
     def best_us(self, key: str) -> float | None:
+        if key in self.confirmed:
+            return self.confirmed[key]
         t = self.tuners.get(key)
         return None if t is None else t.state.best_us
 
     def score(self, result: PlanResult) -> float | None:
+        if result.problem is not None:
+            return None
         total = 0.0
         for key, weight in result.groups():
             us = self.best_us(key)
@@ -210,7 +236,10 @@ class PlanSearch:
         return total
 
     def _estimate(self, plan: FusionPlan) -> float:
-        return self.estimator.estimate(self.result_for(plan).tasks, self.best_us)
+        result = self.result_for(plan)
+        if result.problem is not None:
+            return math.inf
+        return self.estimator.estimate(result.tasks, self.best_us)
 
     def _queue_flips(self) -> None:
         """Every single-edge flip of the rules' plan, best estimate first."""
@@ -228,7 +257,11 @@ class PlanSearch:
             trial = self.study.ask(self.dists)
             plan = {k: bool(trial.params[k]) for k in self.rule}
             known = self.results.get(plan_json(plan))
-            if known is not None and known.latency_us is not None:
+            if known is None and self.result_for(plan).problem is not None:
+                known = self.results[plan_json(plan)]
+            if known is not None and known.problem is not None:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            elif known is not None and known.latency_us is not None:
                 self.study.tell(trial, known.latency_us)
             elif known is not None or any(plan == p for _, p in asked):
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -356,14 +389,70 @@ class PlanSearch:
                 s.since_improvement = 0
             s.history.append((s.trials, s.best_us))
 
+    # ------------------------------------------------------------ confirm
+    def confirm(self, measurer: Any, db: Any, run_id: int | None = None, rounds: int = CONFIRM_ROUNDS) -> int:
+        """Re-measure, in the same batches, the best config of every group that differs between the rules'
+        plan and the plans that beat it (the best ``CONFIRM_PLANS``), ``rounds`` times; those groups then
+        count with the median of these re-measurements, and only these plans remain candidates. A plan found
+        during a quiet moment of a loaded machine must not beat a rules' plan whose groups were measured
+        during a busy one. Every re-measurement is committed as a record of the run. Returns the number of
+        measurements."""
+        from db.records import RecordIn
+        from tuner.measure import MeasureInput
+
+        scored = [(self.score(r), r) for r in self.results.values() if r.latency_us is not None]
+        rule = next((lat for lat, r in scored if r.plan == self.rule), None)
+        if rule is None:
+            return 0
+        better = sorted(
+            (lat, r) for lat, r in scored if lat is not None and lat < rule and r.plan != self.rule
+        )
+        if not better:
+            return 0
+        plans = [self.results[plan_json(self.rule)], *(r for _, r in better[:CONFIRM_PLANS])]
+        self.finalists = {plan_json(r.plan) for r in plans}
+        common = set.intersection(*({k for k, _ in r.groups()} for r in plans))
+        tasks = {t.workload_key: t for r in plans for t in r.tasks if t.workload_key not in common}
+        todo = [
+            (t, self.tuners[k].state.best_config)
+            for k, t in sorted(tasks.items())
+            if k in self.tuners and self.tuners[k].state.best_config is not None
+        ]
+        samples: dict[str, list[float]] = {}
+        n = 0
+        for r in range(rounds if todo else 0):
+            order = todo[r % len(todo) :] + todo[: r % len(todo)]
+            results = measurer.measure([MeasureInput(t, c) for t, c in order])
+            recs = []
+            for (t, c), res in zip(order, results):
+                recs.append(
+                    RecordIn(
+                        t.workload_key,
+                        t.target.key,
+                        t.sketch.name,
+                        t.sketch.version,
+                        c,
+                        res.latencies_us,
+                        res.status,
+                        res.error,
+                        run_id,
+                    )
+                )
+                if res.median_us is not None:
+                    samples.setdefault(t.workload_key, []).append(res.median_us)
+            db.commit_records(recs)
+            n += len(recs)
+        self.confirmed = {k: statistics.median(v) for k, v in samples.items()}
+        return n
+
     # ----------------------------------------------------------- outcome
     def outcome(self) -> PlanOutcome | None:
         """The best measured plan and the rules' plan, scored again with the groups' final best latencies
         (tuning after a plan was scored may have improved its groups); None before the rules' plan has a
         score."""
         scored = []
-        for r in self.results.values():
-            if r.latency_us is None:
+        for key, r in self.results.items():
+            if r.latency_us is None or (self.finalists is not None and key not in self.finalists):
                 continue
             latency = self.score(r)
             if latency is not None:
@@ -435,6 +524,11 @@ def database_plan(db: Any, graph: Graph, target: Target) -> PlanReport:
             report.lines.append({**line, "status": "stale", "why": str(exc)})
             continue
         line["flipped"] = region.flipped(rec.plan)
+        problem = plan_problem(graph, {**report.plan, **global_plan}, target)
+        if problem is not None:
+            log.warning("stored fusion plan %d skipped: %s", rec.id, problem)
+            report.lines.append({**line, "status": "stale", "why": problem})
+            continue
         if rec.rule_latency_us is None or not rec.latency_us < rec.rule_latency_us or not line["flipped"]:
             report.lines.append({**line, "status": "rules", "why": "the rules' plan is as fast"})
             continue
