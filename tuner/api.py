@@ -32,7 +32,17 @@ from compiler.target import Target
 from db.database import TuningDatabase
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
-from tuner.plan_search import GROUP_TRIALS, PlanOutcome, PlanSearch, database_plan, target_regions
+from tuner.plan_search import (
+    CONFIRM_GROUPS,
+    CONFIRM_ROUNDS,
+    GROUP_TRIALS,
+    PlanOutcome,
+    PlanSearch,
+    confirm_plans,
+    confirm_reserve,
+    database_plan,
+    target_regions,
+)
 from tuner.progress import LiveProgress
 from tuner.records import database_config_source
 from tuner.scheduler import Budget, TaskScheduler
@@ -405,21 +415,21 @@ def tune(
                     file=progress_file,
                 )
             with display as live:
-                scheduler = TaskScheduler(
-                    [*tuners, *searches],
-                    left,
-                    batch,
-                    seed=seed,
-                    on_round=live.update if live is not None else None,
-                )
-                if _has_budget(left):
-                    try:
-                        scheduler.run()
-                    except KeyboardInterrupt:
-                        interrupted = True
+                on_round = live.update if live is not None else None
+                # a trial budget keeps room for re-measuring the plans that beat the rules (confirm_plans)
+                reserve = confirm_reserve(searches, left.trials)
+                first = Budget(left.trials - reserve, left.seconds) if reserve else left
+                try:
+                    if _has_budget(first):
+                        TaskScheduler([*tuners, *searches], first, batch, seed=seed, on_round=on_round).run()
+                    if searches:
+                        used = confirm_plans(searches, measurer, database, run_id, reserve or None)
+                        if reserve > used:  # what confirming did not use goes back to the schedule tasks
+                            rest = Budget(reserve - used)
+                            TaskScheduler(tuners, rest, batch, seed=seed, on_round=on_round).run()
+                except KeyboardInterrupt:
+                    interrupted = True
             for search in searches:
-                if not interrupted:
-                    search.confirm(measurer, database, run_id)
                 found = search.outcome()
                 if found is not None:
                     found.commit(database, target.key)
@@ -458,11 +468,12 @@ def tune(
 
 def plan_search_fits(total_trials: int | None, n_tasks: int, plan_regions: Sequence[Any]) -> bool:
     """Whether ``kiln tune --fusion auto`` searches fusion plans: when the budget is a time, or when the
-    trials cover a warm-up batch per task plus, per region, the rules' plan and two other plans'
-    groups (``GROUP_TRIALS`` each)."""
+    trials cover a warm-up batch per task plus, per region, two other plans' groups (``GROUP_TRIALS``
+    each) and the re-measurement that confirms a plan against the rules."""
     if not plan_regions:
         return False
-    return total_trials is None or total_trials >= 8 * n_tasks + 2 * GROUP_TRIALS * len(plan_regions)
+    per_region = 2 * GROUP_TRIALS + CONFIRM_ROUNDS * CONFIRM_GROUPS
+    return total_trials is None or total_trials >= 8 * n_tasks + per_region * len(plan_regions)
 
 
 def _has_budget(budget: Budget) -> bool:

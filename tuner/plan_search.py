@@ -48,8 +48,9 @@ log = logging.getLogger("kiln.plans")
 
 GROUP_TRIALS = 8  # measured candidates for each group a plan brings in (its schedule's small budget)
 ASK_PER_ROUND = 8  # plans Optuna proposes per round; the cost model picks one to measure
-CONFIRM_PLANS = 3  # plans that beat the rules re-measured against them at the end
-CONFIRM_ROUNDS = 5
+CONFIRM_PLANS = 2  # plans that beat the rules re-measured against them at the end
+CONFIRM_ROUNDS = 3  # interleaved re-measurement rounds
+CONFIRM_GROUPS = 6  # groups a region's confirmation is budgeted for (trial budgets keep that much aside)
 
 
 def target_regions(graph: Graph, target: Target) -> list[Region]:
@@ -390,13 +391,14 @@ class PlanSearch:
             s.history.append((s.trials, s.best_us))
 
     # ------------------------------------------------------------ confirm
-    def confirm(self, measurer: Any, db: Any, run_id: int | None = None, rounds: int = CONFIRM_ROUNDS) -> int:
+    def confirm(self, measurer: Any, db: Any, run_id: int | None = None, limit: int | None = None) -> int:
         """Re-measure, in the same batches, the best config of every group that differs between the rules'
         plan and the plans that beat it (the best ``CONFIRM_PLANS``), ``rounds`` times; those groups then
         count with the median of these re-measurements, and only these plans remain candidates. A plan found
         during a quiet moment of a loaded machine must not beat a rules' plan whose groups were measured
         during a busy one. Every re-measurement is committed as a record of the run. Returns the number of
-        measurements."""
+        measurements. With at most ``limit`` measurements allowed and fewer than two rounds fitting, nothing
+        is measured and only the rules' plan remains: a plan is stored as better only once confirmed."""
         from db.records import RecordIn
         from tuner.measure import MeasureInput
 
@@ -405,7 +407,8 @@ class PlanSearch:
         if rule is None:
             return 0
         better = sorted(
-            (lat, r) for lat, r in scored if lat is not None and lat < rule and r.plan != self.rule
+            ((lat, r) for lat, r in scored if lat is not None and lat < rule and r.plan != self.rule),
+            key=lambda lr: lr[0],
         )
         if not better:
             return 0
@@ -418,9 +421,13 @@ class PlanSearch:
             for k, t in sorted(tasks.items())
             if k in self.tuners and self.tuners[k].state.best_config is not None
         ]
+        rounds = CONFIRM_ROUNDS if limit is None or not todo else min(CONFIRM_ROUNDS, limit // len(todo))
+        if not todo or rounds < 2:
+            self.finalists = {plan_json(self.rule)}
+            return 0
         samples: dict[str, list[float]] = {}
         n = 0
-        for r in range(rounds if todo else 0):
+        for r in range(rounds):
             order = todo[r % len(todo) :] + todo[: r % len(todo)]
             results = measurer.measure([MeasureInput(t, c) for t, c in order])
             recs = []
@@ -482,6 +489,24 @@ class PlanOutcome:
         return db.commit_fusion_plan(
             self.region.key, target_key, self.plan, self.latency_us, rule_latency_us=self.rule_latency_us
         )
+
+
+def confirm_reserve(searches: Sequence[PlanSearch], trials: int | None) -> int:
+    """Trials a trial budget keeps aside for :func:`confirm_plans` (0 for a time budget)."""
+    if trials is None or not searches:
+        return 0
+    return min(trials, CONFIRM_ROUNDS * CONFIRM_GROUPS * len(searches))
+
+
+def confirm_plans(
+    searches: Sequence[PlanSearch], measurer: Any, db: Any, run_id: int | None, limit: int | None
+) -> int:
+    """:meth:`PlanSearch.confirm` for each region within ``limit`` measurements in all; returns how many."""
+    used = 0
+    for search in searches:
+        left = None if limit is None else max(0, limit - used)
+        used += search.confirm(measurer, db, run_id, left)
+    return used
 
 
 # ------------------------------------------------------------------ compile side
