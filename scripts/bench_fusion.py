@@ -9,7 +9,13 @@ timing; the three are timed in interleaved rounds in rotated order (median of ``
 round, outputs and intermediates reused by the compiled model); the table gives the median over rounds of
 the per-round ratio rules / contender with its min-max spread.
 
-    python scripts/bench_fusion.py --trials-per-task 24 --rounds 7 --out benchmarks/fusion.md
+    python scripts/bench_fusion.py --trials-per-task 16 --rounds 7 --out benchmarks/fusion.md
+
+``--flips`` (no tuning): every single-edge flip of the rules' plan compiled with default schedules and timed
+against the rules' plan the same way, i.e. where in the plan space a win could be before any search:
+
+    python scripts/bench_fusion.py --flips --models mlp resblock convnet attention \
+        --out benchmarks/fusion_flips.md
 """
 
 from __future__ import annotations
@@ -121,6 +127,66 @@ def bench_model(name: str, db_url: str, args: argparse.Namespace) -> dict:
     }
 
 
+def bench_flips(name: str, args: argparse.Namespace) -> list[dict]:
+    """Every single-edge flip of the rules' plan, compiled with default schedules (no tuning), timed
+    against the rules' plan: where in the plan space a win could be, before any search."""
+    from compiler.build import compile as build_model
+    from compiler.frontend.models import get_model
+    from compiler.passes import optimize
+    from compiler.reference import random_inputs
+    from compiler.target import Target
+    from tuner.plan_search import target_regions
+
+    graph = optimize(get_model(name))
+    target = Target.host()
+    plans: dict[str, dict | None] = {"rules": None}
+    for r in target_regions(graph, target):
+        for e in r.edges:
+            plans[f"r{r.index}: {r.describe_edge(r.local_ids[e.id])}"] = {e.id: not e.default}
+    models = {k: build_model(graph, target, plan=p) for k, p in plans.items()}
+    inputs = random_inputs(graph, 0)
+    for m in models.values():
+        _check(m, graph, inputs)
+    names = list(models)
+    per: dict[str, list[float]] = {k: [] for k in names}
+    mins: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(args.rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            t = models[k].timeit(inputs, repeats=args.repeats, warmup=2)
+            per[k].append(t["median_us"])
+            mins[k].append(t["min_us"])
+    rows = []
+    for k in names[1:]:
+        ratios = [a / b for a, b in zip(per["rules"], per[k])]
+        rows.append(
+            {
+                "model": name,
+                "flip": k,
+                "kernels": f"{len(models['rules'].kernels)} -> {len(models[k].kernels)}",
+                "rules_us": statistics.median(per["rules"]),
+                "flip_us": statistics.median(per[k]),
+                "ratio": statistics.median(ratios),
+                "spread": (min(ratios), max(ratios)),
+                "min_ratio": statistics.median([a / b for a, b in zip(mins["rules"], mins[k])]),
+            }
+        )
+    return rows
+
+
+def flips_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | edge flipped (region-local id) | kernels | rules us | flipped us | ratio [spread] "
+        "| ratio of mins |",
+        "|---|---|---|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['flip']} | {r['kernels']} | {r['rules_us']:,.1f} | {r['flip_us']:,.1f} | "
+            f"{r['ratio']:.3f} [{r['spread'][0]:.3f}, {r['spread'][1]:.3f}] | {r['min_ratio']:.3f} |"
+        )
+    return lines
+
+
 def verdict(row: dict) -> str:
     """>= 5% faster when both the median and the min ratio say so; the same when the median ratio is within
     the noise band (rules / rules again, at least 2%); otherwise faster or SLOWER."""
@@ -140,7 +206,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--db", default=None, help="tuning database URL (default: a new SQLite file in /tmp)")
     ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument(
+        "--flips",
+        action="store_true",
+        help="no tuning: time every single-edge flip of the rules' plan with default schedules",
+    )
     args = ap.parse_args()
+    if args.flips:
+        return main_flips(args)
 
     from compiler.target import Target
     from scripts.bench_common import machine_line
@@ -193,6 +266,41 @@ def main() -> int:
     ]
     for r in rows:
         lines.append(f"- {r['model']}: " + ("; ".join(r["flips"]) or "none (the rules' plan was best)"))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def main_flips(args: argparse.Namespace) -> int:
+    from compiler.target import Target
+    from scripts.bench_common import machine_line
+
+    load_before = os.getloadavg()
+    rows = []
+    for name in args.models:
+        found = bench_flips(name, args)
+        rows += found
+        for r in found:
+            print(
+                f"{name} {r['flip']}: ratio {r['ratio']:.3f}, ratio of mins {r['min_ratio']:.3f}", flush=True
+            )
+    lines = [
+        "# Single-edge flips of the rules' fusion plan, default schedules (CPU)",
+        "",
+        "Command: `python scripts/bench_fusion.py " + " ".join(sys.argv[1:]) + "`",
+        "",
+        f"Machine: {machine_line()}; target `{Target.host().key}`; loaded by other engineers' jobs (load "
+        f"average {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, 2 cores).",
+        "",
+        "No tuning: every kernel uses its sketch's default schedule. Each row flips one optional edge of the "
+        "rules' plan (the plan search's first candidates); ratio = rules latency / flipped latency per "
+        "round (> 1: the flip is faster), median over interleaved, rotated rounds [min, max]. Outputs "
+        "checked against the numpy reference before timing.",
+        "",
+        *flips_table(rows),
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
