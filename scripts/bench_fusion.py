@@ -188,9 +188,12 @@ def flips_table(rows: list[dict]) -> list[str]:
 
 
 def verdict(row: dict) -> str:
-    """>= 5% faster when both the median and the min ratio say so; the same when the median ratio is within
-    the noise band (rules / rules again, at least 2%); otherwise faster or SLOWER."""
-    if row["ratio"] >= 1.05 and row["min_ratio"] >= 1.05:
+    """No plan applied: the rules' plan (both contenders are the same model). Otherwise >= 5% faster when
+    the median ratio, the ratio of mins and the margin over the noise band all say so; the same when the
+    median ratio is within the noise band (rules / rules again, at least 2%); otherwise faster or SLOWER."""
+    if not row["flips"]:
+        return "rules' plan kept (same model)"
+    if row["ratio"] >= 1.05 and row["min_ratio"] >= 1.05 and row["ratio"] - 1 > row["noise"]:
         return "faster (>= 5%)"
     if abs(1 - row["ratio"]) <= max(row["noise"], 0.02):
         return "same (within noise)"

@@ -492,10 +492,11 @@ class PlanOutcome:
 
 
 def confirm_reserve(searches: Sequence[PlanSearch], trials: int | None) -> int:
-    """Trials a trial budget keeps aside for :func:`confirm_plans` (0 for a time budget)."""
+    """Trials a trial budget keeps aside for :func:`confirm_plans`: room for each region's confirmation, at
+    most a quarter of the trials (0 for a time budget)."""
     if trials is None or not searches:
         return 0
-    return min(trials, CONFIRM_ROUNDS * CONFIRM_GROUPS * len(searches))
+    return min(trials // 4, CONFIRM_ROUNDS * CONFIRM_GROUPS * len(searches))
 
 
 def confirm_plans(
