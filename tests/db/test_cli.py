@@ -130,10 +130,10 @@ def test_db_commands(
     info = {r["item"]: r["value"] for r in json.loads(out)}
     assert info["records"] == 2 and info["schema revision"] == "0003_plans"
     status, out, _ = _run(capsys, "db", "upgrade", "--db", third)
-    assert "already at revision 0002" in out
+    assert "already at revision 0003_plans" in out
     new = tmp_path / "new.db"
     status, out, _ = _run(capsys, "db", "upgrade", "--db", f"sqlite:///{new}")
-    assert "created the tuning-database schema at revision 0002" in out and new.exists()
+    assert "created the tuning-database schema at revision 0003_plans" in out and new.exists()
 
 
 def test_query_on_missing_database_does_not_create_it(

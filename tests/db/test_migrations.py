@@ -170,7 +170,7 @@ def test_kiln_db_upgrade_command(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tuner.cli", "db", "upgrade", "--db", f"sqlite:///{path}"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "upgraded the schema from revision 0001 to 0002" in done.stdout
+    assert "upgraded the schema from revision 0001 to 0003_plans" in done.stdout
     with TuningDatabase.open(f"sqlite:///{path}") as db:
         assert db.count_records() == 7
 
