@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -195,7 +194,6 @@ class PlanSearch:
         self.estimator = estimator or PlanEstimator()
         self.task = _RegionTask(region)
         self.state = TaskState()
-        self.rng = random.Random(seed)
         self.results: dict[str, PlanResult] = {}
         self.rule = region.rule_plan()
         self.queue: list[FusionPlan] = [self.rule]
