@@ -22,6 +22,7 @@ Group kinds: ``pointwise`` (including pooling windows), ``reduction``, ``contrac
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -439,3 +440,151 @@ def group_from_workload(canonical: dict | str, index: int = 0) -> Group:
     const_idx = set(data.get("const_inputs", []))
     const = tuple(i in const_idx for i in range(len(sub.inputs)))
     return Group(index, data["kind"], nodes, list(sub.inputs), list(sub.outputs), anchor, constants, const)
+
+
+# ------------------------------------------------------------------ regions
+REGION_VERSION = 1
+
+# Why an edge is never offered to the plan search (its fused form is always at least as good).
+PARAM_LAYOUT = "a layout/broadcast of a weight: unfused it only materializes a copy of the weight"
+
+
+@dataclass
+class Region:
+    """An independent part of a graph for the fusion-plan search: the nodes linked by fusion edges (a group
+    never spans two regions), and the region's optional edges — the decisions a plan makes.
+
+    ``key`` is the sha256 of the region's canonical subgraph (external values as inputs, which of them are
+    model constants), so the same region in two models shares its plans. Optional edges have region-local
+    ids (``e<p>_<c>`` numbered on the region's own subgraph); ``local_id``/``global_id`` translate to the
+    ids of the whole graph, which :func:`fuse` takes."""
+
+    index: int
+    nodes: list[Node]
+    edges: list[FusionEdge]  # optional edges (whole-graph ids), in fuse order
+    local_ids: dict[str, str]  # whole-graph edge id -> region-local id
+    key: str
+    fixed: dict[str, str] = field(default_factory=dict)  # whole-graph edge id -> why it is not offered
+
+    @property
+    def global_ids(self) -> dict[str, str]:
+        return {v: k for k, v in self.local_ids.items()}
+
+    def rule_plan(self) -> FusionPlan:
+        """The rules' choice for the optional edges, region-local ids."""
+        return {self.local_ids[e.id]: e.default for e in self.edges}
+
+    def to_global(self, local_plan: FusionPlan) -> FusionPlan:
+        """A region-local plan as whole-graph edge ids; KilnError naming the edges the region lacks."""
+        ids = self.global_ids
+        stale = sorted(k for k in local_plan if k not in ids)
+        if stale:
+            raise KilnError(
+                f"fusion plan for region {self.index} ({self.key[:12]}) names edges it does not have: "
+                f"{', '.join(stale)} (its optional edges: {', '.join(sorted(ids)) or 'none'})"
+            )
+        return {ids[k]: bool(v) for k, v in local_plan.items()}
+
+    def flipped(self, local_plan: FusionPlan) -> list[str]:
+        """The region-local edges whose decision in ``local_plan`` differs from the rules'."""
+        rule = self.rule_plan()
+        return sorted(k for k, v in local_plan.items() if k in rule and bool(v) != rule[k])
+
+    def describe_edge(self, local_id: str) -> str:
+        e = next(e for e in self.edges if self.local_ids[e.id] == local_id)
+        return f"{local_id} {e.producer.op}->{e.consumer.op} ({e.rule})"
+
+
+def _region_nodes(graph: Graph, edges: list[FusionEdge]) -> list[list[Node]]:
+    nodes = [n for n in graph.nodes if n.op != "constant"]
+    parent = {id(n): id(n) for n in nodes}
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for e in edges:
+        parent[root(id(e.producer))] = root(id(e.consumer))
+    comps: dict[int, list[Node]] = {}
+    for n in nodes:
+        comps.setdefault(root(id(n)), []).append(n)
+    return list(comps.values())
+
+
+def _region_subgraph(graph: Graph, members: list[Node]) -> tuple[Graph, dict[int, Node], tuple[bool, ...]]:
+    """The region as a standalone graph; original node id -> its copy; which inputs are model constants."""
+    inside = {id(n) for n in members}
+    consumers = graph.consumers()
+    outs = set(graph.outputs)
+    outputs = [
+        n.output
+        for n in members
+        if n.output in outs or any(id(u) not in inside for u in consumers.get(n.output, []))
+    ]
+    inputs, constants = _external_inputs(members, outputs, inside)
+    b = GraphBuilder("region")
+    mapping: dict[Value, Value] = {}
+    copies: dict[int, Node] = {}
+    for i, v in enumerate(inputs):
+        mapping[v] = b.input(f"in{i}", v.shape, v.dtype)
+    for n in constants:
+        mapping[n.output] = b.add_node("constant", [], n.attrs, n.name)
+    for n in members:
+        mapping[n.output] = b.add_node(n.op, [mapping[v] for v in n.inputs], n.attrs, n.name)
+        copies[id(n)] = mapping[n.output].producer
+    return b.build([mapping[v] for v in outputs]), copies, tuple(v.kind == "param" for v in inputs)
+
+
+def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
+    return frozenset(frozenset(id(n) for n in g.nodes) for g in fused.groups)
+
+
+def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> list[Region]:
+    """The regions of ``graph`` (decomposed and optimized) that have optional fusion edges.
+
+    An edge is optional when flipping it alone from the rules' plan changes the groups and every group of
+    the flipped plan has a sketch (``has_sketch(group)``, e.g. the target backend's; default: any group).
+    Edges that only bring a broadcast/layout of a weight into its consumer stay fused (the unfused form is
+    a copy of the weight, never faster), and so do edges whose flip changes nothing (a merge the rules
+    reject for a cycle or an illegal group either way)."""
+    edges = fusion_edges(graph)
+    rule = {e.id: e.default for e in edges}
+    base = _partition(fuse(graph))
+    optional: list[FusionEdge] = []
+    fixed: dict[str, str] = {}
+    for e in edges:
+        p = e.producer
+        if p.op in LAYOUT_OPS and all(
+            v.kind == "param" or (v.producer is not None and v.producer.op == "constant") for v in p.inputs
+        ):
+            fixed[e.id] = PARAM_LAYOUT
+            continue
+        flipped = fuse(graph, {**rule, e.id: not e.default})
+        if _partition(flipped) == base:
+            fixed[e.id] = "flipping it alone changes no group"
+            continue
+        if has_sketch is not None:
+            missing = [g for g in flipped.groups if not g.is_view and not has_sketch(g)]
+            if missing:
+                fixed[e.id] = f"no sketch for group {missing[0]!r}"
+                continue
+        optional.append(e)
+    out: list[Region] = []
+    for members in _region_nodes(graph, edges):
+        ids = {id(n) for n in members}
+        mine = [e for e in optional if id(e.producer) in ids]
+        if not mine:
+            continue
+        sub, copies, const = _region_subgraph(graph, members)
+        sub_edges = {(id(e.producer), id(e.consumer)): e.id for e in fusion_edges(sub)}
+        local_ids = {e.id: sub_edges[(id(copies[id(e.producer)]), id(copies[id(e.consumer)]))] for e in mine}
+        data = {
+            "v": REGION_VERSION,
+            "graph": sub.canonical(),
+            "const_inputs": [i for i, c in enumerate(const) if c],
+        }
+        region_fixed = {e.id: fixed[e.id] for e in edges if id(e.producer) in ids and e.id in fixed}
+        out.append(Region(len(out), members, mine, local_ids, canonical_hash(data), region_fixed))
+    return out

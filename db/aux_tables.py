@@ -184,11 +184,22 @@ class AuxTablesMixin(DatabaseCore):
                 out.append((name, h or "", int(n or 0)))
             return out
 
-    def commit_fusion_plan(self, region_key: str, target_key: str, plan: dict, latency_us: float) -> int:
-        """Store a measured fusion plan of a graph region on a target; return its id."""
+    def commit_fusion_plan(
+        self,
+        region_key: str,
+        target_key: str,
+        plan: dict,
+        latency_us: float,
+        rule_latency_us: float | None = None,
+    ) -> int:
+        """Store a measured fusion plan of a graph region on a target (with the latency of the region under
+        the rules' plan, measured the same way, when known); return its id."""
 
-        if not math.isfinite(float(latency_us)) or latency_us < 0:
-            raise InvalidRecordError(f"fusion plan of region {region_key!r}: bad latency {latency_us!r}")
+        for what, value in (("latency", latency_us), ("rules' plan latency", rule_latency_us)):
+            if value is None and what != "latency":
+                continue
+            if not isinstance(value, int | float) or not math.isfinite(float(value)) or value < 0:
+                raise InvalidRecordError(f"fusion plan of region {region_key!r}: bad {what} {value!r}")
         try:
             text = canonical_json(plan)
         except (TypeError, ValueError) as exc:
@@ -201,6 +212,7 @@ class AuxTablesMixin(DatabaseCore):
                 target_id=self._target_id(conn, target_key),
                 plan=text,
                 latency_us=float(latency_us),
+                rule_latency_us=None if rule_latency_us is None else float(rule_latency_us),
                 kiln_version=kiln_version(),
                 host=host(),
                 created_at=utc_now(),
@@ -209,6 +221,13 @@ class AuxTablesMixin(DatabaseCore):
 
     def best_fusion_plan(self, region_key: str, target_key: str) -> FusionPlanRecord | None:
         """The fusion plan of the region on the target with the lowest latency (ties: oldest, lowest id)."""
+        found = self.fusion_plans(region_key, target_key, limit=1)
+        return found[0] if found else None
+
+    def fusion_plans(
+        self, region_key: str, target_key: str | None = None, limit: int | None = None
+    ) -> list[FusionPlanRecord]:
+        """The fusion plans stored for a region (on one target, or all), best first."""
         stmt = (
             select(
                 FusionPlanRow.region_key,
@@ -219,20 +238,24 @@ class AuxTablesMixin(DatabaseCore):
                 FusionPlanRow.host,
                 FusionPlanRow.created_at,
                 FusionPlanRow.id,
+                FusionPlanRow.rule_latency_us,
             )
             .join(TargetRow, TargetRow.id == FusionPlanRow.target_id)
-            .where(FusionPlanRow.region_key == region_key, TargetRow.key == target_key)
+            .where(FusionPlanRow.region_key == region_key)
             .order_by(FusionPlanRow.latency_us, FusionPlanRow.created_at, FusionPlanRow.id)
-            .limit(1)
         )
-        with self._read("find the best fusion plan") as conn:
-            row = conn.execute(stmt).first()
-        if row is None:
-            return None
-        region, tk, plan, latency, kv, host, created, pid = row
-        return FusionPlanRecord(
-            region, tk, json.loads(plan), latency, kv, host, created.replace(tzinfo=UTC), pid
-        )
+        if target_key is not None:
+            stmt = stmt.where(TargetRow.key == target_key)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        with self._read("find fusion plans") as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            FusionPlanRecord(
+                region, tk, json.loads(plan), latency, kv, host, created.replace(tzinfo=UTC), pid, rule
+            )
+            for region, tk, plan, latency, kv, host, created, pid, rule in rows
+        ]
 
     def commit_features(self, record_id: int, version: int, vector: Sequence[float] | np.ndarray) -> None:
         """Cache the cost-model features of a record (replacing an earlier vector of the same version).

@@ -282,16 +282,17 @@ def iter_export(
                     FusionPlanRow.kiln_version,
                     FusionPlanRow.host,
                     FusionPlanRow.created_at,
+                    FusionPlanRow.rule_latency_us,
                 )
                 .join(TargetRow, TargetRow.id == FusionPlanRow.target_id)
                 .order_by(FusionPlanRow.id)
             )
-            for region, tk, plan, latency, kv, host, created in conn.execute(plans):
+            for region, tk, plan, latency, kv, host, created, rule in conn.execute(plans):
                 plan_value = _loads(plan, dict)
                 if plan_value is None or tk in bad_targets:
                     skip(f"fusion plan of region {region!r} on {tk}: not exportable")
                     continue
-                yield {
+                line = {
                     "type": "fusion_plan",
                     "region_key": region,
                     "target": tk,
@@ -301,6 +302,9 @@ def iter_export(
                     "host": host,
                     "created_at": format_time(created),
                 }
+                if rule is not None:
+                    line["rule_latency_us"] = rule
+                yield line
 
 
 def export_jsonl(

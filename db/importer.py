@@ -391,12 +391,19 @@ class _Importer:
             target_id=tid,
             plan=line.json_text("plan"),
             latency_us=line.number("latency_us"),
+            rule_latency_us=None
+            if line.get("rule_latency_us", (int, float), optional=True) is None
+            else line.number("rule_latency_us"),
             kiln_version=line.get("kiln_version", str),
             host=line.get("host", str),
             created_at=line.time("created_at"),
         )
         same = select(FusionPlanRow.id).where(
-            *(getattr(FusionPlanRow, k) == v for k, v in values.items() if k not in ("kiln_version", "host"))
+            *(
+                getattr(FusionPlanRow, k).is_(None) if v is None else getattr(FusionPlanRow, k) == v
+                for k, v in values.items()
+                if k not in ("kiln_version", "host")
+            )
         )
         if self.conn.execute(same.limit(1)).scalar() is None:
             self.conn.execute(insert(FusionPlanRow).values(**values))

@@ -137,7 +137,9 @@ class ModelTaskRow(Base):
 
 
 class FusionPlanRow(Base):
-    """A measured fusion plan for a region of a graph on a target (used by a later issue)."""
+    """The measured fusion plan of a graph region on a target (region-local edge id -> fuse), with the
+    latency of the region under the rules' plan measured the same way (``rule_latency_us``; None for older
+    rows)."""
 
     __tablename__ = "kiln_fusion_plans"
     __table_args__ = (
@@ -152,6 +154,7 @@ class FusionPlanRow(Base):
     kiln_version: Mapped[str] = mapped_column(String(32))
     host: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    rule_latency_us: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class FeatureRow(Base):

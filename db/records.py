@@ -179,6 +179,7 @@ class FusionPlanRecord:
     host: str
     created_at: datetime
     id: int
+    rule_latency_us: float | None = None  # the region under the rules' plan, measured the same way
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@
 - ``compile(model, target, db)`` is :func:`compiler.build.compile` with the database's best valid record
   for each group (``db`` is a TuningDatabase or a URL); groups without a record, and groups whose record
   was confirmed not faster than the default, use their sketch's default.
+  Each region's stored fusion plan is applied when it beats the rules' plan (:mod:`tuner.plan_search`);
+  a stale one (edges the region no longer has) is reported in ``meta["fusion_plans"]`` and skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from compiler.errors import KilnError
 from compiler.frontend import load_model
 from compiler.fusion import FusionPlan
 from compiler.graph import Graph
+from compiler.passes import optimize
 from compiler.reference import random_inputs
 from compiler.target import Target
 from db.database import TuningDatabase
@@ -37,6 +40,17 @@ from db.records import Confirmation
 from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
+from tuner.plan_search import (
+    CONFIRM_GROUPS,
+    CONFIRM_ROUNDS,
+    GROUP_TRIALS,
+    PlanOutcome,
+    PlanSearch,
+    confirm_plans,
+    confirm_reserve,
+    database_plan,
+    target_regions,
+)
 from tuner.progress import LiveProgress
 from tuner.records import database_config_source
 from tuner.scheduler import Budget, TaskScheduler
@@ -46,15 +60,33 @@ from tuner.task import Task, extract_tasks
 from tuner.workers import DatabaseShare
 
 COST_MODELS = ("gbdt", "analytic", "none")
+FUSION_MODES = ("auto", "search", "rules")
 
 
 def compile(
-    model: Graph | str, target: Target | str = "cpu", db: Any = None, plan: FusionPlan | None = None
+    model: Graph | str,
+    target: Target | str = "cpu",
+    db: Any = None,
+    plan: FusionPlan | None = None,
+    fusion_plans: bool = True,
 ) -> Any:
-    """Compile ``model`` for ``target``; with ``db``, each group uses its best valid tuning record.
-    Returns the target backend's compiled model (``run``, ``timeit``, ``save``)."""
+    """Compile ``model`` for ``target``; with ``db``, each group uses its best valid tuning record and
+    (with ``fusion_plans``, unless ``plan`` is given) each region its stored fusion plan when it beats the
+    rules'. Returns the target backend's compiled model (``run``, ``timeit``, ``save``); with ``db``, its
+    ``meta["fusion_plans"]`` says which plans were applied and which were skipped and why."""
+    if isinstance(db, str):
+        db = TuningDatabase.open(db, create=False)
     configs = database_config_source(db) if db is not None else None
-    return build_model(model, target, plan=plan, configs=configs)
+    lines = None
+    if db is not None and plan is None and fusion_plans:
+        graph = load_model(model) if isinstance(model, str) else model
+        target = Target.parse(target)
+        report = database_plan(db, optimize(graph), target)
+        model, plan, lines = graph, report.plan or None, report.lines
+    compiled = build_model(model, target, plan=plan, configs=configs)
+    if lines is not None:
+        compiled.meta["fusion_plans"] = lines
+    return compiled
 
 
 @dataclass(frozen=True)
@@ -132,6 +164,7 @@ class TuneSummary:
         best, default = result.best_config, result.task.default()
         is_default = best is not None and config_json(best) == config_json(default)
         return speedup_text(self.confirmation(result), is_default)
+    plans: list[PlanOutcome] = field(default_factory=list)  # fusion-plan search: one per searched region
 
     def to_json(self) -> dict[str, Any]:
         """The summary as plain JSON data (``kiln tune --format json``)."""
@@ -170,6 +203,17 @@ class TuneSummary:
                     "done": r.done,
                 }
                 for i, r in enumerate(self.tasks)
+            ],
+            "plans": [
+                {
+                    "region": p.region.index,
+                    "region_key": p.region.key,
+                    "flipped": p.flipped,
+                    "latency_us": p.latency_us,
+                    "rule_latency_us": p.rule_latency_us,
+                    "plans_measured": p.plans_measured,
+                }
+                for p in self.plans
             ],
             "timing": None
             if t is None
@@ -283,6 +327,7 @@ def tune(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     resume: bool = True,
     confirm_rounds: int = DEFAULT_ROUNDS,
+    fusion: str = "auto",
 ) -> TuneSummary:
     """Tune ``model`` (a Graph, a built-in model name or an ONNX file) on ``target`` into ``db``.
 
@@ -311,6 +356,10 @@ def tune(
     Unless interrupted, the run ends by confirming each task's best candidate: it and the default are
     measured again in ``confirm_rounds`` interleaved rounds (0: no confirmation) and the result is stored
     (:mod:`tuner.confirm`); the summary's speed-ups come from these confirmations.
+
+    ``fusion`` (``search``, ``rules`` or ``auto``): with ``search``, a whole-model run also searches each
+    region's fusion plan (:mod:`tuner.plan_search`) under the same budget and stores the best plan per
+    region; ``auto`` searches when the budget allows (:func:`plan_search_fits`); ``rules`` keeps the rules.
     """
     if isinstance(budget, int):
         budget = Budget(trials=budget)
@@ -319,6 +368,8 @@ def tune(
             raise KilnError(f"a tuning budget needs at least 1 {what}, got {value}")
     if cost_model not in COST_MODELS:
         raise KilnError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
+    if fusion not in FUSION_MODES:
+        raise KilnError(f"unknown fusion mode {fusion!r}: use one of {', '.join(FUSION_MODES)}")
     graph = load_model(model, input_shapes) if isinstance(model, str) else model
     target = Target.parse(target)
     if measurer is None and target.kind == "cuda":
@@ -327,6 +378,10 @@ def tune(
         require_cupy("tuning for the cuda target")  # one line, before a run row is opened
     chosen = select_tasks(extract_tasks(graph, target), tasks)
     total_trials = budget.total_trials(len(chosen))
+    optimized = optimize(graph)
+    plan_regions = target_regions(optimized, target) if fusion != "rules" and not tasks else []
+    if fusion == "auto" and not plan_search_fits(total_trials, len(chosen), plan_regions):
+        plan_regions = []
     args = {
         "tasks": [t.workload_key for t in chosen],
         "whole": not tasks,
@@ -335,6 +390,8 @@ def tune(
         "cost_model": cost_model,
         "seed": seed,
     }
+    if plan_regions:
+        args["fusion"] = "search"
     spec = {
         "trials": total_trials,
         "seconds": budget.seconds,
@@ -378,6 +435,7 @@ def tune(
         tuners: list[TaskTuner] = []
         confirmed: dict[str, Confirmation] = {}
         failures: list[ConfirmFailure] = []
+        plans: list[PlanOutcome] = []
         interrupted, outcome = False, "failed"
         started = time.monotonic()
         try:
@@ -404,6 +462,28 @@ def tune(
             before = database.run_record_counts(run_id)
             for t in tuners:
                 t.state.measured = before.get(t.task.workload_key, 0)
+            group_tuners = {t.task.workload_key: t for t in tuners}
+
+            def make_tuner(task: Task) -> TaskTuner:  # a group that only another fusion plan makes
+                database.commit_workload(
+                    task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes
+                )
+                return TaskTuner(
+                    task,
+                    database,
+                    measurer,
+                    sampler,
+                    seed=seed + len(group_tuners) + seed_offset,
+                    early_stop=early_stop,
+                    run_id=run_id,
+                    candidate_filter=candidate_filter,
+                    oversample=oversample,
+                    share=share,
+                )
+
+            searches = [
+                PlanSearch(r, optimized, target, group_tuners, make_tuner, seed=seed) for r in plan_regions
+            ]
             display: Any = contextlib.nullcontext()
             if progress:
                 display = LiveProgress(
@@ -416,19 +496,29 @@ def tune(
                     file=progress_file,
                 )
             with display as live:
-                scheduler = TaskScheduler(
-                    tuners,
-                    left,
-                    batch,
-                    seed=seed,
-                    on_round=live.update if live is not None else None,
-                    share=share,
-                )
-                if _has_budget(left):
-                    try:
-                        scheduler.run()
-                    except KeyboardInterrupt:
-                        interrupted = True
+                on_round = live.update if live is not None else None
+                # a trial budget keeps room for re-measuring the plans that beat the rules (confirm_plans)
+                reserve = confirm_reserve(searches, left.trials)
+                first = Budget(left.trials - reserve, left.seconds) if reserve else left
+                try:
+                    if _has_budget(first):
+                        TaskScheduler(
+                            [*tuners, *searches], first, batch, seed=seed, on_round=on_round, share=share
+                        ).run()
+                    if searches:
+                        used = confirm_plans(searches, measurer, database, run_id, reserve or None)
+                        if reserve > used:  # what confirming did not use goes back to the schedule tasks
+                            rest = Budget(reserve - used)
+                            TaskScheduler(
+                                tuners, rest, batch, seed=seed, on_round=on_round, share=share
+                            ).run()
+                except KeyboardInterrupt:
+                    interrupted = True
+            for search in searches:
+                found = search.outcome()
+                if found is not None:
+                    found.commit(database, target.key)
+                    plans.append(found)
             if not interrupted and confirm_rounds > 0:
                 try:
                     confirmed, failures = confirm_tasks(
@@ -484,6 +574,7 @@ def tune(
         resumed=resumed,
         confirmations=confirmed,
         confirm_failures={f.task.workload_key: f.error for f in failures},
+        plans=plans,
     )
 
 
@@ -520,6 +611,16 @@ def _raise_database_error(database: TuningDatabase, exc: Exception) -> None:
     if isinstance(exc, SQLAlchemyError):
         with translate_errors(database._url, "tune"):
             raise exc from None
+
+
+def plan_search_fits(total_trials: int | None, n_tasks: int, plan_regions: Sequence[Any]) -> bool:
+    """Whether ``kiln tune --fusion auto`` searches fusion plans: when the budget is a time, or when the
+    trials cover a warm-up batch per task plus, per region, two other plans' groups (``GROUP_TRIALS``
+    each) and the re-measurement that confirms a plan against the rules."""
+    if not plan_regions:
+        return False
+    per_region = 2 * GROUP_TRIALS + CONFIRM_ROUNDS * CONFIRM_GROUPS
+    return total_trials is None or total_trials >= 8 * n_tasks + per_region * len(plan_regions)
 
 
 def _has_budget(budget: Budget) -> bool:

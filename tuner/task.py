@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from compiler.backends import sketch_for
@@ -50,11 +51,17 @@ class Task:
 
 def extract_tasks(graph: Graph, target: Target | str, plan: FusionPlan | None = None) -> list[Task]:
     """Tasks of a model: unique workload keys in first-occurrence order, weight = occurrences.
-    Groups that are only views (aliased reshapes) have nothing to tune."""
+    Groups that are only views (aliased reshapes) have nothing to tune. ``plan`` is a fusion plan of the
+    optimized graph (whole-graph edge ids), None for the rules'."""
+    return tasks_of_groups(fuse(optimize(graph), plan).groups, target)
+
+
+def tasks_of_groups(groups: Iterable[Group], target: Target | str) -> list[Task]:
+    """One task per unique workload among ``groups`` (views skipped), weight = occurrences: what the
+    fusion-plan search tunes for the groups of one plan of a region."""
     target = Target.parse(target)
-    fused = fuse(optimize(graph), plan)
     tasks: dict[str, Task] = {}
-    for group in fused.groups:
+    for group in groups:
         if group.is_view:
             continue
         key = group.workload_key

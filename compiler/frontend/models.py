@@ -17,9 +17,12 @@ from compiler.graph import Graph, Value
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A built-in model. ``build(**dims)`` takes the model's sizes as keywords (defaults: the sizes the
+    description names), so tests can build the same structure small."""
+
     name: str
     description: str
-    build: Callable[[], Graph]
+    build: Callable[..., Graph]
 
     def graph(self) -> Graph:
         return _build_cached(self.name)
@@ -65,47 +68,47 @@ class _Init:
         return self.b.conv2d(x, w, strides=(stride, stride), padding=(pad, pad), name=name)
 
 
-def _softmax(shape: tuple[int, ...], name: str) -> Callable[[], Graph]:
-    def build() -> Graph:
+def _softmax(shape: tuple[int, ...], name: str) -> Callable[..., Graph]:
+    def build(rows: int = shape[0], cols: int = shape[1]) -> Graph:
         b = GraphBuilder(name)
-        return b.build([b.softmax(b.input("x", shape), axis=-1)])
+        return b.build([b.softmax(b.input("x", (rows, cols)), axis=-1)])
 
     return build
 
 
-def _rmsnorm() -> Graph:
+def _rmsnorm(rows: int = 2048, d: int = 768) -> Graph:
     b = GraphBuilder("rmsnorm")
     init = _Init(b, 3)
-    x = b.input("x", (1, 2048, 768))
-    return b.build([b.rms_norm(x, init.near("weight", (768,), 1.0, 0.1), eps=1e-6)])
+    x = b.input("x", (1, rows, d))
+    return b.build([b.rms_norm(x, init.near("weight", (d,), 1.0, 0.1), eps=1e-6)])
 
 
-def _layernorm() -> Graph:
+def _layernorm(rows: int = 4096, d: int = 768) -> Graph:
     b = GraphBuilder("layernorm")
     init = _Init(b, 4)
-    x = b.input("x", (4096, 768))
-    g, beta = init.near("gamma", (768,), 1.0, 0.1), init.near("beta", (768,), 0.0, 0.1)
+    x = b.input("x", (rows, d))
+    g, beta = init.near("gamma", (d,), 1.0, 0.1), init.near("beta", (d,), 0.0, 0.1)
     return b.build([b.layer_norm(x, g, beta, eps=1e-5)])
 
 
-def _bias_gelu() -> Graph:
+def _bias_gelu(rows: int = 4096, d: int = 3072) -> Graph:
     b = GraphBuilder("bias_gelu")
     init = _Init(b, 5)
-    x = b.input("x", (4096, 3072))
-    return b.build([b.gelu(b.add(x, init.near("bias", (3072,), 0.0, 0.1)))])
+    x = b.input("x", (rows, d))
+    return b.build([b.gelu(b.add(x, init.near("bias", (d,), 0.0, 0.1)))])
 
 
-def _matmul() -> Graph:
+def _matmul(n: int = 1024) -> Graph:
     b = GraphBuilder("matmul")
-    return b.build([b.matmul(b.input("a", (1024, 1024)), b.input("b", (1024, 1024)))])
+    return b.build([b.matmul(b.input("a", (n, n)), b.input("b", (n, n)))])
 
 
-def _mlp() -> Graph:
+def _mlp(batch: int = 256, d_in: int = 784, hidden: int = 128, out: int = 10) -> Graph:
     b = GraphBuilder("mlp")
     init = _Init(b, 7)
-    x = b.input("x", (256, 784))
-    h = b.relu(init.linear("fc1", x, 128))
-    return b.build([init.linear("fc2", h, 10)])
+    x = b.input("x", (batch, d_in))
+    h = b.relu(init.linear("fc1", x, hidden))
+    return b.build([init.linear("fc2", h, out)])
 
 
 def _attention_block(b: GraphBuilder, init: _Init, x: Value, heads: int, prefix: str) -> Value:
@@ -124,18 +127,17 @@ def _attention_block(b: GraphBuilder, init: _Init, x: Value, heads: int, prefix:
     return init.linear(f"{prefix}.output", ctx, d)
 
 
-def _attention() -> Graph:
+def _attention(seq: int = 128, d: int = 768, heads: int = 12) -> Graph:
     b = GraphBuilder("attention")
     init = _Init(b, 8)
-    x = b.input("x", (1, 128, 768))
-    return b.build([_attention_block(b, init, x, 12, "attn")])
+    x = b.input("x", (1, seq, d))
+    return b.build([_attention_block(b, init, x, heads, "attn")])
 
 
-def _encoder_layer() -> Graph:
+def _encoder_layer(seq: int = 128, d: int = 768, ff: int = 3072, heads: int = 12) -> Graph:
     b = GraphBuilder("encoder_layer")
     init = _Init(b, 9)
-    x = b.input("x", (1, 128, 768))
-    d, ff = 768, 3072
+    x = b.input("x", (1, seq, d))
 
     def ln(name: str, v: Value) -> Value:
         return b.layer_norm(
@@ -146,28 +148,28 @@ def _encoder_layer() -> Graph:
             name=name,
         )
 
-    h = ln("attn_norm", b.add(x, _attention_block(b, init, x, 12, "attn")))
+    h = ln("attn_norm", b.add(x, _attention_block(b, init, x, heads, "attn")))
     inner = b.gelu(init.linear("ffn.intermediate", h, ff))
     return b.build([ln("ffn_norm", b.add(h, init.linear("ffn.output", inner, d)))])
 
 
-def _convnet() -> Graph:
+def _convnet(batch: int = 8, hw: int = 32, c1: int = 16, c2: int = 32) -> Graph:
     b = GraphBuilder("convnet")
     init = _Init(b, 10)
-    x = b.input("x", (8, 3, 32, 32))
-    h = b.relu(init.batch_norm("bn1", init.conv("conv1", x, 16, 3, pad=1)))
+    x = b.input("x", (batch, 3, hw, hw))
+    h = b.relu(init.batch_norm("bn1", init.conv("conv1", x, c1, 3, pad=1)))
     h = b.max_pool2d(h, kernel=(2, 2))
-    h = b.relu(init.conv("conv2", h, 32, 3, pad=1))
-    h = b.reshape(b.global_avg_pool2d(h), (8, 32))
+    h = b.relu(init.conv("conv2", h, c2, 3, pad=1))
+    h = b.reshape(b.global_avg_pool2d(h), (batch, c2))
     return b.build([init.linear("fc", h, 10)])
 
 
-def _resblock() -> Graph:
+def _resblock(c: int = 64, hw: int = 56) -> Graph:
     b = GraphBuilder("resblock")
     init = _Init(b, 11)
-    x = b.input("x", (1, 64, 56, 56))
-    h = b.relu(init.batch_norm("bn1", init.conv("conv1", x, 64, 3, pad=1)))
-    h = init.batch_norm("bn2", init.conv("conv2", h, 64, 3, pad=1))
+    x = b.input("x", (1, c, hw, hw))
+    h = b.relu(init.batch_norm("bn1", init.conv("conv1", x, c, 3, pad=1)))
+    h = init.batch_norm("bn2", init.conv("conv2", h, c, 3, pad=1))
     return b.build([b.relu(b.add(h, x))])
 
 

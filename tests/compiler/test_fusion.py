@@ -7,13 +7,19 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from compiler.backends import sketch_for
 from compiler.builder import GraphBuilder
 from compiler.errors import KilnError
-from compiler.frontend.models import get_model
-from compiler.fusion import default_plan, fuse, fusion_edges, group_from_workload
+from compiler.frontend.models import MODELS, get_model
+from compiler.fusion import default_plan, fuse, fusion_edges, group_from_workload, group_problem, regions
 from compiler.passes import optimize
 from compiler.reference import random_inputs, run_reference
+from compiler.target import Target
+
+CPU = Target.host()
 
 
 def _groups(graph):
@@ -99,3 +105,103 @@ def test_workload_keys_shared_and_rebuildable():
 def test_default_plan_matches_edges():
     g = optimize(get_model("convnet"))
     assert set(default_plan(g)) == {e.id for e in fusion_edges(g)}
+
+
+# ------------------------------------------------------------------ regions and plans
+# The zoo's structures at small sizes: the same regions and optional edges (checked below), quick to compile.
+SMALL = {
+    "softmax": {"rows": 3, "cols": 8},
+    "softmax_large": {"rows": 3, "cols": 8},
+    "rmsnorm": {"rows": 3, "d": 8},
+    "layernorm": {"rows": 3, "d": 8},
+    "bias_gelu": {"rows": 3, "d": 8},
+    "matmul": {"n": 8},
+    "mlp": {"batch": 4, "d_in": 8, "hidden": 8, "out": 4},
+    "attention": {"seq": 4, "d": 8, "heads": 2},
+    "encoder_layer": {"seq": 4, "d": 8, "ff": 16, "heads": 2},
+    "convnet": {"batch": 2, "hw": 8, "c1": 4, "c2": 4},
+    "resblock": {"c": 4, "hw": 6},
+}
+
+
+def small_model(name: str):
+    return optimize(MODELS[name].build(**SMALL[name]))
+
+
+def _shape_of_regions(graph):
+    return [(sorted(r.rule_plan().items()), len(r.nodes)) for r in regions(graph)]
+
+
+def test_small_zoo_models_have_the_zoo_regions():
+    assert set(SMALL) == set(MODELS)
+    for name in MODELS:
+        assert _shape_of_regions(small_model(name)) == _shape_of_regions(optimize(get_model(name))), name
+
+
+def test_regions_partition_the_graph_and_groups_stay_inside_one_region():
+    g = optimize(get_model("encoder_layer"))
+    found = regions(g)
+    assert [len(r.edges) for r in found] == [12, 31, 4]
+    seen = [id(n) for r in found for n in r.nodes]
+    assert len(seen) == len(set(seen))
+    owner = {id(n): r.index for r in found for n in r.nodes}
+    for group in fuse(g).groups:
+        assert len({owner.get(id(n), -1 - k) for k, n in enumerate(group.nodes)}) == 1 or not any(
+            id(n) in owner for n in group.nodes
+        )
+    # the attention region of encoder_layer is the attention model's first region: one key, shared plans
+    assert found[0].key == regions(optimize(get_model("attention")))[0].key
+    # a bias broadcast stays fused (its unfused form copies a weight); a flip that changes nothing is fixed
+    r = found[0]
+    assert "e1_2" in r.fixed and "weight" in r.fixed["e1_2"]
+    assert r.fixed["e12_13"] == "flipping it alone changes no group"
+
+
+def test_region_plan_translation_rejects_unknown_edges():
+    (r0, r1) = regions(optimize(get_model("mlp")))
+    assert r0.rule_plan() == {"e0_2": True, "e2_3": True} and r1.rule_plan() == {"e0_2": True}
+    assert r1.to_global({"e0_2": False}) == {"e4_6": False}
+    assert r0.flipped({"e0_2": True, "e2_3": False}) == ["e2_3"]
+    with pytest.raises(KilnError, match="does not have: e9_9"):
+        r0.to_global({"e9_9": True})
+
+
+def _check_groups(fused) -> None:
+    """Valid groups: each a legal group, in an order where every group's inputs come from earlier ones."""
+    made: set[int] = set()
+    for group in fused.groups:
+        assert group_problem(group.nodes) is None, group
+        for v in group.inputs:
+            assert v.producer is None or id(v) in made, f"{group} reads {v} before it is made"
+        made.update(id(v) for v in group.outputs)
+        made.update(id(n.output) for n in group.nodes)
+
+
+PLAN_MODELS = [m for m in MODELS if m not in ("matmul", "softmax_large")]  # no edges / softmax's twin
+
+
+@pytest.mark.parametrize("name", PLAN_MODELS)
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_sampled_plan_compiles_and_matches_numpy(name, data):
+    from compiler.build import compile as kiln_compile
+
+    g = small_model(name)
+    plan = {}
+    for r in regions(g, lambda group: sketch_exists(group, CPU)):
+        local = {k: data.draw(st.booleans(), label=f"r{r.index}:{k}") for k in sorted(r.rule_plan())}
+        plan.update(r.to_global(local))
+    fused = fuse(g, plan)
+    _check_groups(fused)
+    x = random_inputs(g, 1)
+    outs = kiln_compile(g, "cpu", plan=plan).run(x)
+    for o, ref in zip(outs, run_reference(g, x)):
+        np.testing.assert_allclose(o, ref, rtol=2e-4, atol=2e-4)
+
+
+def sketch_exists(group, target) -> bool:
+    try:
+        sketch_for(group, target)
+    except KilnError:
+        return False
+    return True

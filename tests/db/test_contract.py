@@ -405,6 +405,13 @@ def test_fusion_plans(db: TuningDatabase) -> None:
     assert best.plan == {"edges": []} and best.latency_us == 8.0 and best.target_key == CPU
     with pytest.raises(InvalidRecordError):
         db.commit_fusion_plan("region", CPU, {"edges": []}, float("nan"))
+    assert best.rule_latency_us is None  # stored without the rules' plan latency
+    db.commit_fusion_plan("region", CPU, {"e0_2": False}, 6.0, rule_latency_us=9.5)
+    best = db.best_fusion_plan("region", CPU)
+    assert best.plan == {"e0_2": False} and best.rule_latency_us == 9.5
+    assert [p.latency_us for p in db.fusion_plans("region")] == [1.0, 6.0, 8.0, 12.0]
+    with pytest.raises(InvalidRecordError, match="rules' plan latency"):
+        db.commit_fusion_plan("region", CPU, {}, 6.0, rule_latency_us=-1.0)
 
 
 def test_features_round_trip_as_float32_bytes(db: TuningDatabase) -> None:

@@ -28,6 +28,7 @@ def _populate(db: TuningDatabase) -> list[str]:
     db.finish_run(run)
     db.register_model_tasks("mlp", "h1", [(keys[0], 2), (keys[1], 1)])
     db.commit_fusion_plan("r0", CPU, {"edges": [[0, 1]]}, 7.5)
+    db.commit_fusion_plan("r1", CPU, {"e0_2": False}, 5.0, rule_latency_us=6.5)
     return keys
 
 
@@ -56,11 +57,13 @@ def test_export_import_round_trip(db: TuningDatabase, tmp_path: Path) -> None:
         stats = copy.import_jsonl(path)
         assert (stats.added, stats.skipped_duplicates) == (4, 0)
         assert (stats.workloads_added, stats.targets_added, stats.runs_added) == (3, 2, 1)
-        assert (stats.model_tasks_added, stats.fusion_plans_added) == (2, 1)
+        assert (stats.model_tasks_added, stats.fusion_plans_added) == (2, 2)
         assert _comparable(copy) == _comparable(db)
         assert copy.best(keys[0], CPU).config == db.best(keys[0], CPU).config
         assert copy.model_tasks("mlp") == db.model_tasks("mlp")
         assert copy.best_fusion_plan("r0", CPU).plan == {"edges": [[0, 1]]}
+        assert copy.best_fusion_plan("r0", CPU).rule_latency_us is None
+        assert copy.best_fusion_plan("r1", CPU).rule_latency_us == 6.5
         assert copy.workload_canonical(keys[2]) == db.workload_canonical(keys[2])
         again = tmp_path / "again.jsonl"
         copy.export_jsonl(again)

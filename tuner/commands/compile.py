@@ -101,6 +101,11 @@ def run_compile(args: argparse.Namespace) -> int:
         "other_targets": None,
     }
     print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
+    for line in model.meta.get("fusion_plans", []):
+        if line["status"] == "applied":
+            print(f"fusion plan of region {line['region']} applied: {', '.join(line['flipped'])} flipped")
+        elif line["status"] == "stale":
+            print(f"fusion plan of region {line['region']} skipped (stale): {line['why']}")
     if db is not None:
         print(
             f"coverage: {len(tuned)} of {len(model.kernels)} kernels use tuning records"

@@ -1,5 +1,5 @@
 """`kiln query ...`: read the tuning database from the command line (workloads, best records, records,
-coverage of a model, tuning curves, targets, models, runs).
+coverage of a model, tuning curves, fusion plans of a model's regions, targets, models, runs).
 
 Every command takes ``--db URL`` (default: env ``KILN_DB``, then ``sqlite:///kiln.db``); ``--target`` takes a
 full target key or a prefix such as ``cpu`` or ``cuda/sm_90`` that names exactly one target in the database.
@@ -82,6 +82,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", metavar="T", help="target key or unique prefix (default: the only one used)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the curves into this file (needs matplotlib)")
     p.set_defaults(handler=_query_curve)
+
+    p = qsub.add_parser(
+        "plans",
+        parents=[formatted],
+        help="the stored fusion plan of each region of a model on a target: edges flipped, latency vs rules",
+    )
+    p.add_argument("--model", metavar="NAME", required=True, help="a built-in model name or an ONNX file")
+    p.add_argument("--target", metavar="T", required=True, help="target key or unique prefix (cpu, cuda)")
+    p.set_defaults(handler=_query_plans)
 
     p = qsub.add_parser("runs", parents=[formatted], help="list tuning runs")
     p.add_argument("--model", metavar="NAME", type=_model_name, help="only runs of this model")
@@ -287,6 +296,54 @@ def _query_curve(args: argparse.Namespace) -> int:
     for r in rows:
         r["workload"] = _short(r["workload"], args.format)
     emit_rows(rows, CURVE_COLUMNS, args)
+    return 0
+
+
+def _query_plans(args: argparse.Namespace) -> int:
+    from compiler.frontend import load_model
+    from compiler.passes import optimize
+    from compiler.target import Target
+    from tuner.plan_search import database_plan, target_regions
+
+    graph = optimize(load_model(args.model))
+    with open_database(args) as db:
+        key = db.resolve_target(args.target)
+        target = Target.from_json(db.target_info(key))
+        regions = target_regions(graph, target)
+        report = {line["region"]: line for line in database_plan(db, graph, target).lines}
+    rows = []
+    for r in regions:
+        line = report.get(r.index)
+        latency = line["latency_us"] if line else None
+        rule = line["rule_latency_us"] if line else None
+        rows.append(
+            {
+                "region": r.index,
+                "region_key": _short(r.key, args.format),
+                "edges": len(r.edges),
+                "flipped": ", ".join(r.describe_edge(e) for e in line["flipped"]) if line else None,
+                "latency_us": latency,
+                "rules_us": rule,
+                "speedup": rule / latency if latency and rule else None,
+                "status": line["status"] if line else "not searched",
+                "why": line["why"] if line else None,
+            }
+        )
+    columns = [
+        "region",
+        "region_key",
+        "edges",
+        "flipped",
+        "latency_us",
+        "rules_us",
+        "speedup",
+        "status",
+        "why",
+    ]
+    emit_rows(rows, columns, args)
+    if args.format == "table":
+        applied = sum(1 for row in rows if row["status"] == "applied")
+        print(f"\n{applied}/{len(rows)} regions of {graph.name} use a searched fusion plan on {key}")
     return 0
 
 

@@ -33,14 +33,34 @@ def _decomposed(graph, args) -> str:
     return str(optimize(graph))
 
 
-def _groups_of(graph):
-    return fuse(optimize(graph))
+def _groups_of(graph, args):
+    """The groups compile makes: with ``--db``, under the stored fusion plans that beat the rules."""
+    g = optimize(graph)
+    if getattr(args, "db", None) is None:
+        return fuse(g), []
+    from compiler.target import Target
+    from tuner.commands.common import open_database
+    from tuner.plan_search import database_plan
+
+    with open_database(args) as db:
+        report = database_plan(db, g, Target.parse(args.target))
+    head = []
+    for line in report.lines:
+        what = {
+            "applied": "applied, edges flipped from the rules: " + ", ".join(line["flipped"]),
+            "rules": "the rules' plan (" + line["why"] + ")",
+            "stale": "stale, skipped: " + line["why"],
+        }[line["status"]]
+        head.append(f"fusion plan of region {line['region']} [{line['region_key'][:12]}]: {what}")
+    if not report.lines:
+        head.append("no stored fusion plan for this model's regions: the rules' groups")
+    return fuse(g, report.plan or None), [*head, ""]
 
 
 @stage("groups")
 def _groups(graph, args) -> str:
-    fused = _groups_of(graph)
-    out = [fused.summary(), ""]
+    fused, head = _groups_of(graph, args)
+    out = [*head, fused.summary(), ""]
     for g in fused.groups:
         if args.group is not None and g.index != args.group:
             continue
@@ -88,6 +108,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--stage", choices=list(STAGES), default="graph")
     p.add_argument("--target", default="cpu", help="target for loopir/code stages (cpu or cuda)")
     p.add_argument("--group", type=int, default=None, help="only this group (index) for per-group stages")
+    p.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help="groups stage: apply the fusion plans stored in this tuning database (as compile does)",
+    )
     p.set_defaults(handler=run)
 
 

@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="none",
         help="rank asked candidates with a cost model and measure only the best (plus a few random)",
     )
+    p.add_argument(
+        "--fusion",
+        choices=("auto", "search", "rules"),
+        default="auto",
+        help="search each region's fusion plan under the same budget and store the best (search), keep the "
+        "rules' groups (rules), or search when the budget allows (auto, the default)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="build processes (default: cores)")
     p.add_argument("--no-summary", action="store_true", help="skip the whole-model default vs tuned timing")
@@ -120,6 +127,7 @@ def run_tune(args: argparse.Namespace) -> int:
         command_line=" ".join(["kiln", *args.argv]),
         resume=not args.new_run,
         confirm_rounds=max(0, args.confirm_rounds),
+        fusion=args.fusion,
     )
     plotted = _plot(summary, args) if args.plot else None
     if as_json:
@@ -134,6 +142,12 @@ def run_tune(args: argparse.Namespace) -> int:
         f"run {summary.run_id}: {summary.stored}{budget} trials stored"
         + (f" ({summary.measured} by this invocation)" if summary.resumed is not None else "")
     )
+    for p in summary.plans:
+        flipped = ", ".join(p.region.describe_edge(e) for e in p.flipped) or "the rules' plan"
+        print(
+            f"fusion region {p.region.index} [{p.region.key[:12]}]: {p.plans_measured} plans measured; "
+            f"best {flipped}: {p.latency_us:,.1f} us vs rules {p.rule_latency_us:,.1f} us"
+        )
     if plotted:
         print(f"tuning curves written to {plotted}")
     if summary.interrupted:

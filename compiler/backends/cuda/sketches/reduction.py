@@ -49,7 +49,7 @@ from compiler.backends.cuda.sketches.common import (
 )
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
 from compiler.errors import ScheduleError
-from compiler.fusion import Group
+from compiler.fusion import Group, category
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import Binary, Call, Expr, Load, call, transform, walk
 from compiler.loopir.schedule import Schedule
@@ -61,6 +61,20 @@ TRANSCENDENTAL = ("exp", "log", "tanh", "erf", "sigmoid")
 NO_ROWS = "reduction (cuda): a reduction of every axis (no rows)"
 
 
+def _exports_reduced_value(group: Group) -> bool:
+    """Whether a group output is computed before (and read by) one of the group's reductions."""
+    inside = {id(n): n for n in group.nodes}
+    feeding: set[int] = set()
+    stack = [v.producer for n in group.nodes if category(n) == "reduce" for v in n.inputs]
+    while stack:
+        p = stack.pop()
+        if p is None or id(p) not in inside or id(p) in feeding:
+            continue
+        feeding.add(id(p))
+        stack += [v.producer for v in p.inputs]
+    return any(v.producer is not None and id(v.producer) in feeding for v in group.outputs)
+
+
 class CudaReductionSketch(Sketch):
     """Reduction groups on the GPU: ``rows_per_block`` rows per thread block, a row's reductions spread
     over ``threads_per_row`` threads and all-reduced."""
@@ -68,6 +82,12 @@ class CudaReductionSketch(Sketch):
     name = "reduction"
     version = 2
     kinds = ("reduction",)
+
+    def applies(self, group: Group) -> bool:
+        """Not for a group that also outputs a value its reductions read (a prologue value used outside the
+        group, which only some fusion plans make): the row's threads would read each other's global writes
+        with no barrier in between (the SIMT interpreter reports the race)."""
+        return super().applies(group) and not _exports_reduced_value(group)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
         return [

@@ -1,0 +1,118 @@
+"""Fusion plans searched per region (tuner/plan_search.py): the search finds a plan that beats the rules on a
+simulated landscape, on the CPU and the CUDA target alike; the best plan is stored with the rules' latency;
+compile applies it only when it beats the rules and reports and skips a stale one. Measurements are
+simulated (tuner.measure.sim): no timing is involved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.frontend.models import MODELS
+from compiler.fusion import fuse
+from compiler.passes import optimize
+from compiler.reference import random_inputs, run_reference
+from compiler.target import Target
+from db.database import TuningDatabase
+from tests.cli import kiln
+from tuner.api import compile as kiln_compile
+from tuner.api import tune
+from tuner.measure import Measurer
+from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
+from tuner.plan_search import database_plan, target_regions
+
+CUDA = Target.cuda()
+
+
+def small_mlp():
+    return MODELS["mlp"].build(batch=4, d_in=8, hidden=8, out=4)
+
+
+def group_cost(task, config) -> float:
+    """A landscape where a GEMM with a relu in its epilogue is slow: 100 per contraction, 1 per other op,
+    5 per kernel, 200 more for matmul + relu in one kernel."""
+    ops = [n.op for n in task.group.nodes]
+    cost = 5.0 + sum(100.0 if op in ("matmul", "conv2d", "batch_matmul") else 1.0 for op in ops)
+    if "relu" in ops and "matmul" in ops:
+        cost += 200.0
+    return cost
+
+
+def simulated() -> Measurer:
+    return Measurer(SimulatedBuilder(), SimulatedRunner(group_cost))
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'k.db'}"
+
+
+@pytest.mark.parametrize("target", [Target.host(), CUDA], ids=["cpu", "cuda"])
+def test_search_finds_and_stores_a_plan_that_beats_the_rules(url, target):
+    graph = small_mlp()
+    summary = tune(graph, target, url, 96, measurer=simulated(), time_model=False, fusion="search")
+    first, second = summary.plans
+    assert first.rule_latency_us == pytest.approx(5 + 100 + 3 + 200)  # matmul, broadcast, add, relu
+    assert first.latency_us < 120 and first.flipped and set(first.flipped) <= {"e0_2", "e2_3"}
+    assert second.flipped == [] and second.latency_us == second.rule_latency_us
+    assert summary.to_json()["plans"][0]["flipped"] == first.flipped
+    with TuningDatabase.open(url) as db:
+        rec = db.best_fusion_plan(first.region.key, target.key)
+        assert rec.plan == first.plan and rec.rule_latency_us == first.rule_latency_us
+        report = database_plan(db, optimize(graph), target)
+    applied = [line for line in report.lines if line["status"] == "applied"]
+    assert [line["region"] for line in applied] == [0] and report.plan
+    assert len(fuse(optimize(graph), report.plan).groups) == 3
+
+
+def test_rules_mode_and_a_small_auto_budget_search_nothing(url):
+    assert (
+        tune(small_mlp(), "cpu", url, 40, measurer=simulated(), time_model=False, fusion="rules").plans == []
+    )
+    assert tune(small_mlp(), "cpu", url, 8, measurer=simulated(), time_model=False).plans == []
+    with TuningDatabase.open(url) as db:
+        for region in target_regions(optimize(small_mlp()), Target.host()):
+            assert db.best_fusion_plan(region.key, Target.host().key) is None
+
+
+def _compile_checked(graph, db):
+    model = kiln_compile(graph, Target.host(), db)
+    x = random_inputs(graph, 0)
+    for o, ref in zip(model.run(x), run_reference(graph, x)):
+        np.testing.assert_allclose(o, ref, rtol=2e-4, atol=2e-4)
+    return model
+
+
+def test_compile_applies_a_better_plan_and_skips_stale_or_slower_ones(url, caplog):
+    graph = small_mlp()
+    target = Target.host()
+    r0, r1 = target_regions(optimize(graph), target)
+    with TuningDatabase.open(url) as db:
+        db.commit_target(target.key, target.to_json())
+        db.commit_fusion_plan(r0.key, target.key, {"e0_2": True, "e2_3": False}, 10.0, rule_latency_us=20.0)
+        db.commit_fusion_plan(r1.key, target.key, {"e0_2": False}, 30.0, rule_latency_us=20.0)  # slower
+        model = _compile_checked(graph, db)
+        status = {line["region"]: line["status"] for line in model.meta["fusion_plans"]}
+        assert status == {0: "applied", 1: "rules"} and len(model.kernels) == 3
+        # a plan naming an edge the region no longer has (the rules changed, or a hand-edited database)
+        db.commit_fusion_plan(r0.key, target.key, {"e0_2": True, "e7_9": False}, 5.0, rule_latency_us=20.0)
+        model = _compile_checked(graph, db)
+    (stale,) = [line for line in model.meta["fusion_plans"] if line["status"] == "stale"]
+    assert stale["region"] == 0 and "e7_9" in stale["why"]
+    assert len(model.kernels) == 2  # skipped, never applied: the rules' groups
+    assert "skipped" in caplog.text and "e7_9" in caplog.text
+
+
+def test_plans_on_the_command_line(url):
+    target = Target.host()
+    summary = tune("mlp", target, url, 96, measurer=simulated(), time_model=False, fusion="search")
+    assert summary.plans[0].flipped
+    out = kiln("query", "plans", "--model", "mlp", "--target", "cpu", "--db", url)
+    assert out.returncode == 0, out.stderr
+    assert "applied" in out.stdout and "1/2 regions of mlp use a searched fusion plan" in out.stdout
+    shown = kiln("show", "--model", "mlp", "--stage", "groups", "--db", url)
+    assert shown.returncode == 0, shown.stderr
+    assert "fusion plan of region 0" in shown.stdout and "applied" in shown.stdout
+    assert "3 groups" in shown.stdout
+    plain = kiln("show", "--model", "mlp", "--stage", "groups")
+    assert "2 groups" in plain.stdout
