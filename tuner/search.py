@@ -18,13 +18,23 @@ from typing import Any
 from compiler.backends.sketch import Config
 from db.records import RecordIn
 from db.status import Status
-from tuner.samplers import distributions, encoding, from_params, make_sampler, to_params
+from tuner.samplers import (
+    add_result,
+    distributions,
+    encoding,
+    from_params,
+    make_sampler,
+    screen,
+    tell,
+    to_params,
+)
 from tuner.space import config_json, space_signature
 from tuner.task import Task
 
 log = logging.getLogger("kiln.search")
 
-# (task, candidate configs) -> the configs to measure (the rest are told PRUNED); set by the cost model
+# (task, asked configs, batch) -> the configs to measure: asked ones (the other asked ones are told PRUNED)
+# and proposals of its own, which are measured and added to the study; set by the cost model
 CandidateFilter = Callable[[Task, list[Config], int], list[Config]]
 
 
@@ -117,6 +127,7 @@ class TaskTuner:
         self.task, self.db, self.measurer, self.run_id = task, db, measurer, run_id
         self.space = task.space()
         self.how = encoding(sampler)
+        self.sampler = sampler
         self.dists = distributions(self.space, self.how)
         self.early_stop = early_stop
         self.candidate_filter = candidate_filter
@@ -198,33 +209,43 @@ class TaskTuner:
         if not fresh:
             self.state.done = True  # the sampler keeps proposing measured configs: the space is exhausted
             return 0
-        chosen = fresh
-        if self.candidate_filter is not None and len(fresh) > batch:
-            keep = {config_json(c) for c in self.candidate_filter(self.task, [c for _, c in fresh], batch)}
-            chosen = [(t, c) for t, c in fresh if config_json(c) in keep]
-            for t, c in fresh:
-                if config_json(c) not in keep:
+        # the sketch's check before anything is measured, for every method; invalid configs are recorded
+        # and told as failed (infeasible) trials, and never take a measurement
+        invalid = []
+        for (t, c), why in zip(list(fresh), screen(self.task, [c for _, c in fresh])):
+            if why is not None:
+                fresh.remove((t, c))
+                invalid.append((t, c, why))
+        if invalid:
+            self.db.commit_records(
+                [self._record(c, None, Status.INVALID_CONFIG, why) for _, c, why in invalid]
+            )
+            for t, c, _ in invalid:
+                self.known[config_json(c)] = (Status.INVALID_CONFIG, None)
+                self._tell(t, Status.INVALID_CONFIG, None, c)
+        chosen: list[tuple[Any, Config]] = fresh
+        if self.candidate_filter is not None and fresh:
+            asked = {config_json(c): t for t, c in fresh}
+            chosen, taken = [], set()
+            for c in self.candidate_filter(self.task, [c for _, c in fresh], batch):
+                key = config_json(c)
+                if key in taken or key in self.known or (key not in asked and screen(self.task, [c])[0]):
+                    continue
+                taken.add(key)
+                chosen.append((asked.get(key), c))  # None: the filter's own proposal, added after measuring
+            for key, t in asked.items():
+                if key not in taken:
                     self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
         elif len(fresh) > batch:
             for t, _ in fresh[batch:]:
                 self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
             chosen = fresh[:batch]
+        if not chosen:
+            return 0
         results = self._measure([c for _, c in chosen])
-        recs = [
-            RecordIn(
-                self.task.workload_key,
-                self.task.target.key,
-                self.task.sketch.name,
-                self.task.sketch.version,
-                c,
-                r.latencies_us,
-                r.status,
-                r.error,
-                self.run_id,
-            )
-            for (_, c), r in zip(chosen, results)
-        ]
-        self.db.commit_records(recs)
+        self.db.commit_records(
+            [self._record(c, r.latencies_us, r.status, r.error) for (_, c), r in zip(chosen, results)]
+        )
         before = self.state.best_us
         for (trial, config), r in zip(chosen, results):
             key = config_json(config)
@@ -242,6 +263,13 @@ class TaskTuner:
             self.state.done = True
         return len(chosen)
 
+    def _record(self, config: Config, latencies: Any, status: Status, error: str | None) -> RecordIn:
+        t = self.task
+        return RecordIn(
+            t.workload_key, t.target.key, t.sketch.name, t.sketch.version, config, latencies, status, error,
+            self.run_id,
+        )  # fmt: skip
+
     def _measure(self, configs: Sequence[Config]) -> list[Any]:
         from tuner.measure import MeasureInput
 
@@ -251,16 +279,26 @@ class TaskTuner:
         return self.measurer.measure(inputs)
 
     def _tell(self, trial: Any, status: Status, median: float | None, config: Config | None = None) -> None:
-        import optuna
-
+        """Tell the study (a failure as an infeasible trial, see tuner.samplers); ``trial`` None: a
+        candidate the cost model proposed, added to the study as a finished trial."""
         s = self.state
         s.trials += 1
-        if status == Status.OK and median is not None:
-            self.study.tell(trial, median)
+        ok = status == Status.OK and median is not None
+        if trial is None:
+            assert config is not None
+            add_result(
+                self.study,
+                self.dists,
+                to_params(self.space, config, self.how),
+                median if ok else None,
+                self.sampler,
+            )
+        else:
+            tell(self.study, trial, median if ok else None, self.sampler)
+        if ok:
             if s.best_us is None or median < s.best_us:
                 s.best_us, s.best_config = median, config or from_params(self.space, trial.params, self.how)
         else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             s.errors[status.value] = s.errors.get(status.value, 0) + 1
 
 
