@@ -1002,11 +1002,12 @@ best needs 1 trial for every method (column default/best). Runs are stored per p
 pool, epsilon, code hashes); a report reads one protocol directory and refuses files of another, so runs of
 different lengths are never mixed. Every result file holds its arguments, the git commit and the code hashes.
 
-Workloads (their selection): the six benchmark workloads are the previous version's five plus convnet:g2,
+Workloads (their selection): the six benchmark workloads are the previous version's six (it reported five),
 covering every kind (2 reductions, 1 pointwise, 3 contractions: matmul + bias, matmul + bias + relu, conv +
 relu). Development data: their tables plus uniform pools of 24 configs of {dev}. Held out, fixed before
 any model was trained on this cache and never used to develop the model: {held} (one per family not in the
-benchmark, or a twin of one at another size; pools of 32 configs drawn uniformly from the whole space). Twins are workloads of one *family*: the same kind and the same
+benchmark, or a twin of one at another size; pools of 32 configs drawn uniformly from the whole space).
+Twins are workloads of one *family*: the same kind and the same
 non-arithmetic ops at other shapes (softmax / softmax_large / encoder_layer's softmax; layernorm /
 encoder_layer's LayerNorm; the matmul + bias layers; the conv + relu layers); twins are dropped from the
 warm start and from the held-out training set.

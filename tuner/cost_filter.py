@@ -6,6 +6,10 @@ Optuna for ``batch * asks`` fresh configs (``asks`` is 1: as many as TPE alone a
 ``filter(task, configs, batch)``. The filter widens them to a pool of ``batch * oversample`` candidates with
 proposals of its own (:func:`propose`: one- and two-knob mutations of the workload's best measured configs
 and uniform random configs, all passing the sketch's check), ranks the pool and returns ``batch`` picks.
+From the second round on, the pool keeps the newest unmeasured candidates of earlier pools (their features
+are memoized, so re-ranking them with the updated model is free) and adds only ``batch`` new proposals: the
+features of a candidate (scheduling and lowering it) cost 10-40 ms, which for 64 new candidates per round
+would cost about as much as measuring the picks.
 The tuner measures them; asked configs it did not pick are told to Optuna as PRUNED, and picked proposals
 are added to the study as finished trials, so TPE learns from every measurement. Asking Optuna is the
 expensive part with database storage (one ask costs 50-300 ms through RDB storage on a loaded 2-core
@@ -17,7 +21,8 @@ One round of :class:`CostFilter`:
    (on the first call, every record of the target: a new model, or a new workload, starts warm from what
    was measured before). Their features come from the in-process memo (they were asked candidates), the
    database's feature cache, or are computed and cached there; ``model.update`` retrains when worthwhile.
-2. Pool: the asked configs plus proposals, de-duplicated, without configs the database already has.
+2. Pool: the asked configs, earlier pools' unmeasured candidates and new proposals, de-duplicated, without
+   configs the database already has.
 3. Validate: each candidate must pass ``task.check`` and schedule; invalid ones are dropped, so they
    never take one of the model's picks (and are never measured).
 4. Pick: the rule-based default (when asked, so tuning never ends worse than it), then the model's top
@@ -110,6 +115,8 @@ class CostFilter:
         }
         self._measured: dict[str, set[str]] = {}  # workload -> config JSON of its records (learn keeps it)
         self._best: dict[str, list[tuple[float, Config]]] = {}  # workload -> (latency, config), best first
+        # workload -> valid candidates of earlier pools not measured yet (their features are memoized)
+        self._carry: dict[str, dict[str, Config]] = {}
 
     # ---------------------------------------------------------------- learn
     def learn(self, task: Any) -> int:
@@ -187,7 +194,16 @@ class CostFilter:
         measured = self._measured.get(task.workload_key, set())
         pool = {config_json(c): c for c in configs if config_json(c) not in measured}
         self.stats["asked"] += len(pool)
-        want = batch * self.oversample - len(pool)
+        carry = self._carry.setdefault(task.workload_key, {})
+        for key in [k for k in carry if k in measured]:
+            del carry[key]
+        fresh_budget = batch * self.oversample - len(pool)
+        if carry:  # later rounds: re-rank earlier candidates (free) and compute `batch` new ones
+            fresh_budget = min(fresh_budget, batch)
+            n_carry = batch * self.oversample - len(pool) - fresh_budget
+            for key, c in list(carry.items())[len(carry) - n_carry :] if n_carry > 0 else []:
+                pool.setdefault(key, c)
+        want = min(fresh_budget, batch * self.oversample - len(pool))
         if want > 0:
             best = [c for _, c in self._best.get(task.workload_key, [])]
             for c in propose(task, best, want, self.rng, exclude=set(pool) | measured):
@@ -197,6 +213,9 @@ class CostFilter:
         self.stats["candidates"] += len(configs)
         valid, x = self.features(task, configs)
         self.stats["invalid"] += len(configs) - len(valid)
+        carry.update((config_json(c), c) for c in valid)
+        while len(carry) > 4 * batch * self.oversample:
+            del carry[next(iter(carry))]
         if len(valid) <= batch:
             self.stats["model_picks"] += len(valid)
             return valid
