@@ -383,7 +383,7 @@ def collect(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- run
-SEARCH_CODE = ("tuner", "cost_model", "scripts/bench_cost_model.py")
+SEARCH_CODE = ("tuner", "cost_model")  # plus the source of what `run` does in this script, see search_code()
 
 
 def heldout_keys(target: Target) -> set[str]:
@@ -513,6 +513,16 @@ def run_one(
     }
 
 
+def search_code() -> str:
+    """Hash of tuner/, cost_model/ and the parts of this script a run depends on (not its report text)."""
+    import inspect
+
+    parts = [run_one, warm_records, families, twin_family, heldout_keys, get_task, BenchTask, ReplayMeasurer]
+    parts += [CachedMeasurer, synthetic, bench_target]
+    extra = [inspect.getsource(p) for p in parts] + [FREE_KNOBS, HELDOUT, sorted(LAYOUT_ARITH), FILTERS]
+    return code_hash(SEARCH_CODE, extra)
+
+
 def protocol(args: argparse.Namespace) -> dict:
     """What makes runs comparable: they are only ever reported together when all of this is equal."""
     return {
@@ -524,7 +534,7 @@ def protocol(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "cache": args.cache,
         "measure_code": code_hash(MEASURE_CODE, RUNNER),
-        "search_code": code_hash(SEARCH_CODE),
+        "search_code": search_code(),
     }
 
 
