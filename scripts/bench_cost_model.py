@@ -65,6 +65,10 @@ DEV = "synth:silu_mul"
 # Held out: fixed before any model was trained on this cache and never used to develop the model; scored
 # only by `report` (top-k on uniform pools, TenSet-style). Twins of each are dropped from its training set.
 HELDOUT = "rmsnorm,attention:g5,convnet:g0,convnet:g3,encoder_layer:g4,convnet:g4,synth:tanh_add"
+# Scored by `heldout`: the members of HELDOUT no earlier version of the model was developed on (rmsnorm and
+# convnet:g0 were in the previous version's development data; convnet:g4 was not measured for lack of time).
+# All of HELDOUT stays out of every warm start.
+HELDOUT_EVAL = "attention:g5,convnet:g3,encoder_layer:g4,synth:tanh_add"
 POOL = 24  # held-out pools
 DEV_POOL = 24
 # contraction spaces have ~10^5 configs: the benchmark frees these knobs and keeps the rest at the
@@ -813,7 +817,7 @@ def heldout(args: argparse.Namespace) -> None:
     data = load_dataset(cache.db, target.key)
     fam = families(cache.db)
     wl = np.asarray(data.workloads)
-    held = [(s, get_task(s, target)) for s in HELDOUT.split(",")]
+    held = [(s, get_task(s, target)) for s in HELDOUT_EVAL.split(",")]
     missing = [s for s, t in held if t.workload_key not in set(data.workloads)]
     held = [(s, t) for s, t in held if t.workload_key in set(data.workloads)]
     held_keys = {t.workload_key for _, t in held}
@@ -844,7 +848,7 @@ def heldout(args: argparse.Namespace) -> None:
             rows.append(out)
     cache.close()
     print(
-        f"Held-out workloads (never used to develop the model): {HELDOUT}. "
+        f"Held-out workloads (never used to develop the model): {HELDOUT_EVAL}. "
         f"Pools of up to {POOL} valid configs "
         "drawn uniformly from each whole space. Training set: the development records (benchmark sub-space "
         "tables and development pools), with the held-out workload's twins dropped (first table) or kept."
@@ -1040,7 +1044,7 @@ def run_all(args: argparse.Namespace) -> None:
     out = Path(args.out)
     collect(
         argparse.Namespace(
-            **{**vars(args), "tables": BENCH, "pools": HELDOUT, "dev": DEV, "n": POOL, "seed": 0}
+            **{**vars(args), "tables": BENCH, "pools": HELDOUT_EVAL, "dev": DEV, "n": POOL, "seed": 0}
         )
     )
     rargs = argparse.Namespace(
@@ -1076,7 +1080,7 @@ def run_all(args: argparse.Namespace) -> None:
         load=", ".join(f"{x:.1f}" for x in os.getloadavg()),
         target=bench_target(args.threads).key,
         dev=DEV,
-        held=HELDOUT,
+        held=HELDOUT_EVAL,
     )
     (out / "cost_model.md").write_text(intro + "\n".join(parts))
     print(f"wrote {out / 'cost_model.md'}")
@@ -1093,7 +1097,9 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="measure the sub-space tables and uniform pools into the cache")
     c.add_argument("--tables", default=BENCH, help="workloads whose benchmark sub-space is measured whole")
-    c.add_argument("--pools", default=HELDOUT, help="workloads measured on a uniform pool of --n configs")
+    c.add_argument(
+        "--pools", default=HELDOUT_EVAL, help="workloads measured on a uniform pool of --n configs"
+    )
     c.add_argument("--n", type=int, default=POOL)
     c.add_argument("--dev", default=DEV, help=f"workloads measured on a uniform pool of {DEV_POOL} configs")
     c.add_argument("--seed", type=int, default=0)
