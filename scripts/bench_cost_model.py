@@ -817,7 +817,7 @@ def heldout(args: argparse.Namespace) -> None:
     data = load_dataset(cache.db, target.key)
     fam = families(cache.db)
     wl = np.asarray(data.workloads)
-    held = [(s, get_task(s, target)) for s in HELDOUT_EVAL.split(",")]
+    held = [(s, get_task(s, target)) for s in args.heldout.split(",")]
     missing = [s for s, t in held if t.workload_key not in set(data.workloads)]
     held = [(s, t) for s, t in held if t.workload_key in set(data.workloads)]
     held_keys = {t.workload_key for _, t in held}
@@ -848,7 +848,7 @@ def heldout(args: argparse.Namespace) -> None:
             rows.append(out)
     cache.close()
     print(
-        f"Held-out workloads (never used to develop the model): {HELDOUT_EVAL}. "
+        f"Held-out workloads (never used to develop the model): {args.heldout}. "
         f"Pools of up to {POOL} valid configs "
         "drawn uniformly from each whole space. Training set: the development records (benchmark sub-space "
         "tables and development pools), with the held-out workload's twins dropped (first table) or kept."
@@ -1044,11 +1044,18 @@ def run_all(args: argparse.Namespace) -> None:
     out = Path(args.out)
     collect(
         argparse.Namespace(
-            **{**vars(args), "tables": BENCH, "pools": HELDOUT_EVAL, "dev": DEV, "n": POOL, "seed": 0}
+            **{
+                **vars(args),
+                "tables": args.workloads,
+                "pools": args.heldout,
+                "dev": args.dev,
+                "n": POOL,
+                "seed": 0,
+            }
         )
     )
     rargs = argparse.Namespace(
-        **{**vars(args), "workloads": BENCH, "methods": ",".join(METHODS), "no_default": True, "force": False}
+        **{**vars(args), "methods": ",".join(METHODS), "no_default": True, "force": False}
     )
     run(rargs)
     parts = []
@@ -1063,7 +1070,7 @@ def run_all(args: argparse.Namespace) -> None:
             "Overhead with the database storage `kiln tune` uses",
             overhead,
             argparse.Namespace(
-                **{**vars(args), "workloads": "softmax_large,mlp:g0", "methods": "tpe,tpe+gbdt,tpe+gbdt-warm"}
+                **{**vars(args), "workloads": args.overhead, "methods": "tpe,tpe+gbdt,tpe+gbdt-warm"}
             ),
         ),
     ):
@@ -1074,13 +1081,13 @@ def run_all(args: argparse.Namespace) -> None:
     cpu_lines = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((ln.split(":", 1)[1].strip() for ln in cpu_lines if ln.startswith("model name")), "?")
     intro = INTRO.format(
-        command="python scripts/bench_cost_model.py all",
+        command="python scripts/bench_cost_model.py " + " ".join(sys.argv[1:]),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         cpu=cpu,
         load=", ".join(f"{x:.1f}" for x in os.getloadavg()),
         target=bench_target(args.threads).key,
-        dev=DEV,
-        held=HELDOUT_EVAL,
+        dev=args.dev,
+        held=args.heldout,
     )
     (out / "cost_model.md").write_text(intro + "\n".join(parts))
     print(f"wrote {out / 'cost_model.md'}")
@@ -1120,6 +1127,7 @@ def main() -> None:
     p.add_argument("--suffix", default="")
     p.add_argument("--resamples", type=int, default=2000)
     h = sub.add_parser("heldout", help="TenSet top-k on the held-out workloads' uniform pools")
+    h.add_argument("--heldout", default=HELDOUT_EVAL)
     o = sub.add_parser(
         "overhead", help="real rounds with RDB storage: cost-model and Optuna seconds vs measuring"
     )
@@ -1129,6 +1137,12 @@ def main() -> None:
     o.add_argument("--batch", type=int, default=8)
     o.add_argument("--oversample", type=int, default=8)
     a = sub.add_parser("all", help="everything -> benchmarks/cost_model.md and its PNGs")
+    a.add_argument("--workloads", default=BENCH, help="benchmark workloads (their tables are measured first)")
+    a.add_argument(
+        "--heldout", default=HELDOUT_EVAL, help="held-out workloads (their pools are measured first)"
+    )
+    a.add_argument("--dev", default=DEV, help="extra development pools")
+    a.add_argument("--overhead", default="softmax_large,mlp:g0", help="workloads of the overhead rounds")
     a.add_argument("--seeds", default=",".join(str(i) for i in range(10)))
     a.add_argument("--trials", type=int, default=64)
     a.add_argument("--batch", type=int, default=8)
@@ -1138,7 +1152,6 @@ def main() -> None:
     a.add_argument("--out", default=str(ROOT / "benchmarks"))
     a.add_argument("--resamples", type=int, default=2000)
     a.add_argument("--rounds", type=int, default=2)
-    del h
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     {"collect": collect, "run": run, "report": report, "heldout": heldout, "overhead": overhead}[args.cmd](
