@@ -1050,8 +1050,9 @@ different lengths are never mixed. Every result file holds its arguments, the gi
 Workloads (their selection): benchmark workloads **{bench}**: the previous version's (layernorm,
 softmax_large, bias_gelu, mlp:g0, encoder_layer:g0), so that this version can be compared with it, plus
 convnet:g2 and mlp:g1 for more contractions. Only those whose whole sub-space table was measured are
-reported: on the loaded machine (load average 20-28 during collection) a batch of 8 configs took up to 8
-minutes, and encoder_layer:g0, convnet:g2 and mlp:g1 could not be measured in time. Development data:
+reported: on the loaded machine (load average 11-28 during collection) a batch of 8 configs took up to 8
+minutes, and encoder_layer:g0 could not be measured in time (all warm-started runs were run after the last
+table was measured, so every warm start saw the same records). Development data:
 their tables{dev}. Held out, fixed before any model was trained on this cache and never used to develop any
 version of the model: {held} (families not in the benchmark, or twins of one at another size; pools of 24
 configs drawn uniformly from the whole space).
