@@ -1184,9 +1184,9 @@ def main() -> None:
     a.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    {"collect": collect, "run": run, "report": report, "heldout": heldout, "overhead": overhead}[args.cmd](
-        args
-    )
+    commands = {"collect": collect, "run": run, "report": report, "heldout": heldout, "overhead": overhead}
+    commands["all"] = run_all
+    commands[args.cmd](args)
 
 
 if __name__ == "__main__":
