@@ -688,8 +688,8 @@ def report(args: argparse.Namespace) -> None:
         print(
             f"\nOn {', '.join(near)} the rule-based default is within 5% of the sub-space's best: the "
             "analytic prior ranks the default first there, so every method that ranks with it (TPE + "
-            "analytic, the GBDTs while they lean on the prior) is done in a trial or two. The sub-spaces keep "
-            "the default's other knobs, which favours the prior; the full spaces were out of reach here."
+            "analytic, the GBDTs while they lean on the prior) is done in a trial or two. The sub-spaces "
+            "keep the default's other knobs, which favours the prior; the full spaces were out of reach here."
         )
     print(
         "\nRatio to TPE alone: per workload the ratio of medians; geometric mean over workloads with a "
