@@ -153,9 +153,7 @@ def test_cuda_tuning_with_a_cost_model_then_compile_from_the_records(
     summary = tune(
         "softmax", "cuda", url, 12, batch=4, cost_model=cost_model, measurer=simulated(), time_model=False
     )
-    with TuningDatabase.open(url) as db:  # invalid configs are screened by the sketch's check: recorded
-        screened = sum(r.status == Status.INVALID_CONFIG for r in db.find_records(None, summary.target))
-    assert summary.measured - screened == 12  # ... but never measured, so they take none of the budget
+    assert summary.measured == 12
     out = kiln("compile", "--model", "softmax", "--target", "cuda", "--db", url, "-o", str(tmp_path / "m"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "m" / "model.cu").exists()
