@@ -209,18 +209,13 @@ class TaskTuner:
         if not fresh:
             self.state.done = True  # the sampler keeps proposing measured configs: the space is exhausted
             return 0
-        # the sketch's check before anything is measured, for every method; invalid configs are recorded
-        # and told as failed (infeasible) trials, and never take a measurement
-        invalid = []
+        # the sketch's check before anything is measured, for every method: an invalid config is told as a
+        # failed (infeasible) trial and never measured; it is no record (nothing was built or run: records
+        # and trial budgets count measurements), and a resumed run checks it again (cheap, deterministic)
         for (t, c), why in zip(list(fresh), screen(self.task, [c for _, c in fresh])):
             if why is not None:
                 fresh.remove((t, c))
-                invalid.append((t, c, why))
-        if invalid:
-            self.db.commit_records(
-                [self._record(c, None, Status.INVALID_CONFIG, why) for _, c, why in invalid]
-            )
-            for t, c, _ in invalid:
+                log.debug("%s: invalid config %s: %s", self.task.name, config_json(c), why)
                 self.known[config_json(c)] = (Status.INVALID_CONFIG, None)
                 self._tell(t, Status.INVALID_CONFIG, None, c)
         chosen: list[tuple[Any, Config]] = fresh

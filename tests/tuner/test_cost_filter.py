@@ -130,9 +130,7 @@ def test_tuning_with_the_cost_model_measures_only_valid_configs_and_learns(db):
     measured = [c for _, c in runner.history]
     assert len(measured) == len(set(measured)) == tuner.state.measured
     recs = db.find_records(task.workload_key, CPU.key)
-    ran = set(measured)
-    assert all(r.status == "ok" for r in recs if config_json(r.config) in ran)  # nothing invalid was measured
-    assert all(r.status == "invalid_config" for r in recs if config_json(r.config) not in ran)
+    assert all(r.status == "ok" for r in recs)  # nothing invalid was measured (or recorded)
     assert flt.stats["random_picks"] >= 3 and flt.stats["model_picks"] > flt.stats["random_picks"]
     assert flt.model.n_samples >= 24 and flt.model.fits >= 1  # learned from the first rounds
     # the asked trials the model did not pick were told to Optuna as pruned; its own picks were added
@@ -159,7 +157,7 @@ def test_warm_start_learns_other_workloads_records_and_caches_features(db):
     for _ in range(3):
         t1.step(8)
     flt.learn(first)
-    n_first = sum(r.status != "invalid_config" for r in db.find_records(first.workload_key, CPU.key))
+    n_first = len(db.find_records(first.workload_key, CPU.key))
     assert len(db.features(FEATURE_VERSION)) == n_first  # features of measured records are cached
     db.commit_workload(second.workload_key, second.group.canonical(), second.kind, second.flops, second.bytes)
     fresh, _ = make_candidate_filter("gbdt", db, CPU)
