@@ -4,9 +4,12 @@ Two targets, both normalized per workload so that one model learns from every wo
 
 - ``residual`` (default): the trees learn what the analytic roofline model gets wrong,
   ``log2(latency) - est_log_cycles`` centered on the workload's median, and the score is the analytic
-  prior corrected by them, the correction weighted ``n / (n + prior_samples)`` for ``n`` training
-  samples (shrinkage towards the prior while data is scarce). With no data it *is* the analytic model;
-  every measurement refines it.
+  prior corrected by them. The correction of a candidate is weighted ``n / (n + prior_samples)`` where
+  ``n`` counts the training samples of *its kind* (pointwise, reduction, contraction, other: the
+  ``wl_kind_*`` features): what was learned on contractions transfers to a new contraction as soon as
+  there are some, but a pointwise candidate keeps the prior until pointwise data exists (the trees
+  learned from other kinds say little about it). With no data it *is* the analytic model; every
+  measurement refines it.
 - ``ratio``: TVM's labels, ``best latency / latency`` (0 for a failed candidate); until
   ``trust_samples`` samples exist the prediction is blended, by rank, with the analytic model.
 
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from cost_model.features import EST_INDEX
+from cost_model.features import EST_INDEX, FEATURE_NAMES
 from cost_model.model import CostModel, check_features, normalized_labels
 
 
@@ -111,6 +114,14 @@ class Forest:
 
 
 TARGETS = ("residual", "ratio")
+KIND_COLUMNS = [
+    FEATURE_NAMES.index(f"wl_kind_{k}") for k in ("pointwise", "reduction", "contraction", "other")
+]
+
+
+def kind_index(x: np.ndarray) -> np.ndarray:
+    """Each row's group kind (0 pointwise, 1 reduction, 2 contraction, 3 other) from its one-hot features."""
+    return np.argmax(np.asarray(x)[:, KIND_COLUMNS], axis=1)
 
 
 def residual_labels(x: np.ndarray, latencies: np.ndarray, workloads: np.ndarray) -> np.ndarray:
@@ -176,6 +187,7 @@ class GBDTModel(CostModel):
         self.wl: list[str] = []
         self.forest: Forest | None = None
         self.n_fit = 0  # samples the current forest was trained on
+        self.kind_counts = np.zeros(len(KIND_COLUMNS))  # of those samples, how many of each kind
         self.fits = 0
 
     # ----------------------------------------------------------------- data
@@ -257,6 +269,7 @@ class GBDTModel(CostModel):
             est.fit(self.x[rows].astype(np.float64), y)
         self.forest = Forest.from_sklearn(est)
         self.n_fit = len(self.lat)
+        self.kind_counts = np.bincount(kind_index(self.x), minlength=len(KIND_COLUMNS)).astype(np.float64)
         self.fits += 1
 
     # ------------------------------------------------------------ predict
@@ -265,13 +278,18 @@ class GBDTModel(CostModel):
         prior = -x[:, EST_INDEX].astype(np.float64)
         if self.forest is None:
             return prior
-        if self.target == "residual":  # the correction is trusted as data accumulates
-            return prior - self.n_fit / (self.n_fit + self.prior_samples) * self.forest.predict(x)
+        if self.target == "residual":  # the correction is trusted as same-kind data accumulates
+            return prior - self.correction_weight(x) * self.forest.predict(x)
         raw = self.forest.predict(x)
         alpha = min(1.0, self.n_fit / max(1, self.trust_samples))
         if alpha >= 1.0:
             return raw
         return alpha * rank01(raw) + (1.0 - alpha) * rank01(prior)
+
+    def correction_weight(self, features: Any) -> np.ndarray:
+        """Per row, ``n / (n + prior_samples)`` for the ``n`` training samples of the row's kind."""
+        n = self.kind_counts[kind_index(check_features(features))]
+        return n / (n + self.prior_samples)
 
     # --------------------------------------------------------------- save
     def meta(self) -> dict[str, Any]:
@@ -287,6 +305,7 @@ class GBDTModel(CostModel):
             "balance": self.balance,
             "target": self.target,
             "n_fit": self.n_fit,
+            "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
             "workloads": sorted(set(self.wl)),
         }
@@ -322,6 +341,7 @@ class GBDTModel(CostModel):
         model.wl = [names[int(i)] for i in arrays["workload_codes"]]
         model.forest = Forest.from_arrays(arrays)
         model.n_fit = int(meta.get("n_fit", 0))
+        model.kind_counts = np.asarray(meta.get("kind_counts", [0.0] * len(KIND_COLUMNS)), dtype=np.float64)
         model.fits = int(meta.get("fits", 0))
         model.n_updates = int(meta.get("n_updates", 0))
         return model

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Any
 from compiler.backends.sketch import Config
 from db.records import RecordIn
 from db.status import Status
-from tuner.samplers import distributions, encoding, from_params, make_sampler, to_params
+from tuner.samplers import (
+    add_result,
+    distributions,
+    encoding,
+    from_params,
+    make_sampler,
+    screen,
+    tell,
+    to_params,
+)
 from tuner.space import config_json
 from tuner.task import Task
 from tuner.workers import LocalShare, WorkShare
@@ -29,7 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiln.search")
 
-# (task, candidate configs) -> the configs to measure (the rest are told PRUNED); set by the cost model
+# (task, asked configs, batch) -> the configs to measure: asked ones (the other asked ones are told PRUNED)
+# and proposals of its own, which are measured and added to the study; set by the cost model
 CandidateFilter = Callable[[Task, list[Config], int], list[Config]]
 
 
@@ -124,6 +134,7 @@ class TaskTuner:
         self.ident: Ident = (task.workload_key, task.target.key, task.sketch.name, task.sketch.version)
         self.space = task.space()
         self.how = encoding(sampler)
+        self.sampler = sampler
         self.dists = distributions(self.space, self.how)
         self.early_stop = early_stop
         self.candidate_filter = candidate_filter
@@ -165,7 +176,6 @@ class TaskTuner:
 
     def _add_trial(self, config: Config, status: Status, median: float | None) -> None:
         """Add a finished trial for a recorded config (one outside today's knob space is left out)."""
-        import optuna
 
         try:
             params = to_params(self.space, config, self.how)
@@ -173,13 +183,8 @@ class TaskTuner:
                 self.dists[name].to_internal_repr(value)
         except (KeyError, ValueError, TypeError):
             return
-        if status == Status.OK and median is not None:
-            trial = optuna.trial.create_trial(params=params, distributions=self.dists, value=median)
-        else:
-            trial = optuna.trial.create_trial(
-                params=params, distributions=self.dists, state=optuna.trial.TrialState.FAIL
-            )
-        self.study.add_trial(trial)
+        ok = status == Status.OK and median is not None
+        add_result(self.study, self.dists, params, median if ok else None, self.sampler)
 
     def _account(self, key: str, status: Status, median: float | None, count: bool = True) -> None:
         """Update the state with one config's result (``count``: towards early stopping)."""
@@ -215,7 +220,7 @@ class TaskTuner:
             return 0
         fresh: list[tuple[optuna.trial.Trial, Config]] = []
         seen_now: set[str] = set()
-        asks = 0
+        asks = screened = 0
         while len(fresh) < batch * self.oversample and asks < batch * self.oversample * 4:
             asks += 1
             trial = self.study.ask(self.dists)
@@ -228,23 +233,44 @@ class TaskTuner:
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             seen_now.add(key)
+            # the sketch's check before anything is measured, for every method: an invalid config is told
+            # as a failed (infeasible) trial and never measured; it is no record (nothing was built or run:
+            # records and trial budgets count measurements), and a resumed run checks it again (cheap)
+            why = screen(self.task, [config])[0]
+            if why is not None:
+                log.debug("%s: invalid config %s: %s", self.task.name, key, why)
+                self.known[key] = (Status.INVALID_CONFIG, None)
+                self._tell(trial, Status.INVALID_CONFIG, None, config)
+                self._account(key, Status.INVALID_CONFIG, None)
+                screened += 1
+                continue
             fresh.append((trial, config))
         if not fresh:
-            self.state.done = True  # the sampler keeps proposing measured configs: the space is exhausted
+            if not screened:  # the sampler keeps proposing measured configs: the space is exhausted
+                self.state.done = True
+            self._check_early_stop()
             return 0
-        chosen = fresh
-        if self.candidate_filter is not None and len(fresh) > batch:
-            keep = {config_json(c) for c in self.candidate_filter(self.task, [c for _, c in fresh], batch)}
-            chosen = [(t, c) for t, c in fresh if config_json(c) in keep]
+        chosen: list[tuple[Any, Config]] = fresh
+        if self.candidate_filter is not None and fresh:
+            asked = {config_json(c): t for t, c in fresh}
+            chosen, taken = [], set()
+            for c in self.candidate_filter(self.task, [c for _, c in fresh], batch):
+                key = config_json(c)
+                if key in taken or key in self.known or (key not in asked and screen(self.task, [c])[0]):
+                    continue
+                taken.add(key)
+                chosen.append((asked.get(key), c))  # None: the filter's own proposal, added after measuring
+            for key, t in asked.items():
+                if key not in taken:
+                    self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
         elif len(fresh) > batch:
-            chosen = fresh[:batch]
-        for t, c in fresh:
-            if (t, c) not in chosen:
+            for t, _ in fresh[batch:]:
                 self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            chosen = fresh[:batch]
         claimed, _ = self.share.claim(self.ident, [config_json(c) for _, c in chosen])
         mine = set(claimed)
         for t, c in chosen:  # another worker measures (or measured) it: its record comes with a refresh
-            if config_json(c) not in mine:
+            if t is not None and config_json(c) not in mine:
                 self.study.tell(t, state=optuna.trial.TrialState.FAIL)
         chosen = [(t, c) for t, c in chosen if config_json(c) in mine]
         if not chosen:
@@ -264,7 +290,7 @@ class TaskTuner:
             median = r.median_us if status == Status.OK else None
             self.known[key] = (status, median)
             self.state.measured += 1
-            self._tell(trial, status, median)
+            self._tell(trial, status, median, config)
             self._account(key, status, median)
         if self.state.best_us is not None:
             self.state.history.append((self.state.trials, self.state.best_us))
@@ -276,13 +302,17 @@ class TaskTuner:
 
         return self.measurer.measure([MeasureInput(self.task, c) for c in configs])
 
-    def _tell(self, trial: Any, status: Status, median: float | None) -> None:
-        import optuna
-
-        if status == Status.OK and median is not None:
-            self.study.tell(trial, median)
+    def _tell(self, trial: Any, status: Status, median: float | None, config: Config | None = None) -> None:
+        """Tell the study one result (a failure as an infeasible trial, see tuner.samplers); ``trial`` None:
+        a candidate the cost model proposed, added to the study as a finished trial. The state is updated
+        by :meth:`_account`, not here."""
+        ok = status == Status.OK and median is not None
+        if trial is None:
+            assert config is not None
+            params = to_params(self.space, config, self.how)
+            add_result(self.study, self.dists, params, median if ok else None, self.sampler)
         else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            tell(self.study, trial, median if ok else None, self.sampler)
 
 
 def _loads(key: str) -> Config:

@@ -94,6 +94,22 @@ def test_residual_target_starts_from_the_analytic_prior_and_corrects_it():
     assert spearman(model.predict(x[60:]), lat[60:]) > 0.7
 
 
+def test_residual_correction_is_weighted_by_same_kind_data():
+    from cost_model.gbdt import KIND_COLUMNS
+
+    x, lat, wl = synthetic(2, 60)
+    x[:, KIND_COLUMNS] = 0.0
+    x[:, KIND_COLUMNS[2]] = 1.0  # every training row is a contraction
+    model = GBDTModel(seed=0, prior_samples=16.0)
+    model.update(x, lat, wl)
+    other = x[:10].copy()
+    other[:, KIND_COLUMNS[2]] = 0.0
+    other[:, KIND_COLUMNS[0]] = 1.0  # pointwise rows: no data of their kind, the prior alone
+    np.testing.assert_array_equal(model.predict(other), -other[:, EST_INDEX].astype(np.float64))
+    assert model.correction_weight(x[:1])[0] == pytest.approx(120 / 136)
+    assert not np.array_equal(model.predict(x[:10]), -x[:10, EST_INDEX].astype(np.float64))
+
+
 def test_forest_matches_scikit_learn():
     from sklearn.ensemble import HistGradientBoostingRegressor
 

@@ -17,7 +17,8 @@ from compiler.target import Target
 from cost_model.evaluate import spearman
 from cost_model.features import FEATURE_VERSION
 from cost_model.model import RandomModel
-from db.database import TuningDatabase
+from db.database import RecordIn, TuningDatabase
+from db.status import Status
 from tests.cost_model.test_model import make_db
 from tuner.cost_filter import CostFilter, make_candidate_filter, sample_per_workload
 from tuner.measure import Measurer
@@ -82,8 +83,38 @@ def test_filter_returns_valid_subset_with_random_picks(db, pinned_target: Target
 def test_filter_with_only_invalid_candidates_returns_nothing(db):
     task = _task()
     bad = [c for c in _all_configs(task) if not _valid(task, c)][:10]
-    flt, _ = make_candidate_filter("analytic", db, CPU)
+    flt, _ = make_candidate_filter("analytic", db, CPU, oversample=1)  # a pool of what was asked only
     assert flt(task, bad, 4) == []
+
+
+def test_filter_widens_the_asked_configs_with_valid_unmeasured_proposals(db):
+    task = _task(32, 40)
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    valid = [c for c in _all_configs(task) if _valid(task, c)]
+    measured = valid[:6]
+    db.commit_records(
+        [RecordIn(task.workload_key, CPU.key, task.sketch.name, task.sketch.version, c, [_latency(task, c)],
+                  Status.OK) for c in measured]
+    )  # fmt: skip
+    flt, asks = make_candidate_filter("analytic", db, CPU, oversample=6)
+    assert asks == 1  # as many Optuna asks as TPE alone: the pool is widened locally
+    asked = valid[6:8]
+    chosen = flt(task, asked, 4)
+    keys = {config_json(c) for c in chosen}
+    assert len(chosen) == len(keys) == 4 and all(_valid(task, c) for c in chosen)
+    assert not keys & {config_json(c) for c in measured}  # never a config the database has
+    assert flt.stats["proposed"] == 24 - 2 and flt.stats["candidates"] == 24
+    best = min(measured, key=lambda c: _latency(task, c))
+    near = [c for c in flt_pool(flt, task, best) if sum(c[k] != best[k] for k in c) <= 2]
+    assert near  # half the proposals are mutations of the best measured configs
+
+
+def flt_pool(flt, task, best):
+    import random
+
+    from tuner.cost_filter import propose
+
+    return propose(task, [best], 16, random.Random(0), exclude=set())
 
 
 def test_tuning_with_the_cost_model_measures_only_valid_configs_and_learns(db):
@@ -91,19 +122,22 @@ def test_tuning_with_the_cost_model_measures_only_valid_configs_and_learns(db):
     db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
     runner = SimulatedRunner(_latency)
     measurer = Measurer(builder="simulated", runner=runner, target=CPU)
-    flt, oversample = make_candidate_filter("gbdt", db, CPU, seed=0, epsilon=0.125, oversample=4)
-    tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, flt, oversample)
+    flt, asks = make_candidate_filter("gbdt", db, CPU, seed=0, epsilon=0.125, oversample=4)
+    tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, flt, asks)
     for _ in range(4):
         assert tuner.step(8) <= 8
     measured = [c for _, c in runner.history]
     assert len(measured) == len(set(measured)) == tuner.state.measured
     recs = db.find_records(task.workload_key, CPU.key)
-    assert all(r.status == "ok" for r in recs)  # nothing invalid was measured
+    assert all(r.status == "ok" for r in recs)  # nothing invalid was measured (or recorded)
     assert flt.stats["random_picks"] >= 3 and flt.stats["model_picks"] > flt.stats["random_picks"]
     assert flt.model.n_samples >= 24 and flt.model.fits >= 1  # learned from the first rounds
-    # the trials the model did not pick were told to Optuna as pruned
+    # the asked trials the model did not pick were told to Optuna as pruned; its own picks were added
     pruned = tuner.study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
-    assert len(pruned) >= 8
+    complete = tuner.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(pruned) >= 4 and flt.stats["proposed"] > 0
+    told = {config_json(t.params) for t in complete if np.isfinite(t.value)}
+    assert told == set(measured)  # every measured candidate, asked or proposed, is a trial of the study
     assert tuner.state.best_us <= tuner.state.default_us
     # what it learned ranks the whole space like the simulated timings do
     valid = [c for c in _all_configs(task) if _valid(task, c)]
