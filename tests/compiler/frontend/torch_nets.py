@@ -17,19 +17,30 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tests.tuner.torch_models import GPTBlock, SwiGLU
+from tests.tuner.torch_models import GPTBlock
 
 OPSET = 17
+CONV_NETS = ("conv_net", "resnet_block", "mobilenetv2_block")  # the nets with BatchNorm
 
 
-def export(module: nn.Module, x: torch.Tensor, opset: int = OPSET) -> Any:
-    """The ONNX ModelProto of ``module`` (eval mode) at ``x``'s shape."""
+def export(module: nn.Module, x: torch.Tensor, opset: int = OPSET, keep_batchnorm: bool = False) -> Any:
+    """The ONNX ModelProto of ``module`` (eval mode) at ``x``'s shape. The exporter folds BatchNorm into
+    the convolution before it unless ``keep_batchnorm`` (then the file has BatchNormalization nodes, and
+    folding them is the importer's job, as with files from other exporters)."""
     import onnx
 
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (x,), buf, opset_version=opset, dynamo=False, input_names=["x"])
+        torch.onnx.export(
+            module.eval(),
+            (x,),
+            buf,
+            opset_version=opset,
+            dynamo=False,
+            input_names=["x"],
+            do_constant_folding=not keep_batchnorm,
+        )
     return onnx.load_model_from_string(buf.getvalue())
 
 
@@ -105,8 +116,38 @@ class MixerLayer(nn.Module):
         return x + self.c2(F.gelu(self.c1(self.ln2(x))))
 
 
-def _encoder(d: int, heads: int, ff: int) -> nn.Module:
-    return nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
+class RMSNormSwiGLU(nn.Module):
+    """RMSNorm (written out: the opset-17 exporter has no RMSNormalization) + SwiGLU MLP + residual."""
+
+    def __init__(self, d: int, hidden: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+class Encoder(nn.Module):
+    """A BERT-style post-LN transformer encoder layer with explicit attention and erf GELU."""
+
+    def __init__(self, d: int, heads: int, ff: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+        self.ff1, self.ff2 = nn.Linear(d, ff), nn.Linear(ff, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.reshape(b, t, self.heads, -1).permute(0, 2, 1, 3) for z in self.qkv(x).chunk(3, dim=-1))
+        scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5
+        ctx = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(b, t, d)
+        h = self.ln1(x + self.out(ctx))
+        return self.ln2(h + self.ff2(F.gelu(self.ff1(h))))
 
 
 Factory = Callable[[str], tuple[nn.Module, torch.Tensor]]
@@ -147,8 +188,8 @@ NETS: dict[str, tuple[str, Factory]] = {
         _net(lambda b: InvertedResidual(32 if b else 8), (1, 32, 28, 28), (1, 8, 10, 10)),
     ),
     "encoder_layer": (
-        "x[1,128,256]: nn.TransformerEncoderLayer (4 heads, FF 1024, post-LN, ReLU)",
-        _net(lambda b: _encoder(256, 4, 1024) if b else _encoder(32, 4, 64), (1, 128, 256), (1, 8, 32)),
+        "x[1,128,256]: BERT-style encoder layer (4 heads, FF 1024, post-LN, erf GELU)",
+        _net(lambda b: Encoder(256, 4, 1024) if b else Encoder(32, 4, 64), (1, 128, 256), (1, 8, 32)),
     ),
     "gpt_block": (
         "x[1,128,256]: pre-LN GPT block (4 heads, causal SDPA, GELU MLP 1024)",
@@ -156,7 +197,7 @@ NETS: dict[str, tuple[str, Factory]] = {
     ),
     "rmsnorm_swiglu": (
         "x[1,128,512]: RMSNorm + SwiGLU MLP 1536, residual",
-        _net(lambda b: SwiGLU(512, 1536) if b else SwiGLU(32, 64), (1, 128, 512), (1, 8, 32)),
+        _net(lambda b: RMSNormSwiGLU(512, 1536) if b else RMSNormSwiGLU(32, 64), (1, 128, 512), (1, 8, 32)),
     ),
     "mlp_mixer": (
         "x[1,49,256]: MLP-Mixer layer (token MLP 49-128-49, channel MLP 256-1024-256, LN, GELU)",
