@@ -1,8 +1,10 @@
 """The CPU convolution sketch: conv2d groups (NCHW input, OIHW weight, any groups) with their elementwise
-epilogue (folded BatchNorm bias, ReLU / ReLU6, residual), scheduled one of two ways (the ``method`` knob):
+epilogue (folded BatchNorm bias, ReLU / ReLU6, residual), scheduled one of two ways, chosen by rule per
+convolution (:meth:`CpuConvSketch.method`; the ``method`` knob has that one value, and the space holds that
+method's knobs only, so every config the tuner draws is a distinct schedule):
 
-``direct`` — a direct convolution vectorized along the output row (x), for small reduction depths
-(depthwise convolutions, the first layer of a net with 3 input channels) and 3x3 convolutions alike::
+``direct`` — a direct convolution vectorized along the output row (x), for windowed convolutions with a
+shallow reduction (depthwise convolutions, the first layer of a net with 3 input channels)::
 
     parallel for (n, o_o, y_o)
       for x_o                                    acc[oc_tile][ry][nr]: OC x RY x (NR/V) vector registers
@@ -21,9 +23,6 @@ epilogue (folded BatchNorm bias, ReLU / ReLU6, residual), scheduled one of two w
 K = C/g x KH x KW) with the weights pre-packed at compile time and the input read in place (no packing
 copy, so a 1x1 convolution is a GEMM straight off the NCHW activation); its knobs are the contraction
 sketch's, with register tiles that divide output rows of 7, 14 and 28 pixels.
-
-A knob of the method not chosen must hold its first value (``check`` rejects anything else), so the
-space has no two configs that build the same schedule.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ from compiler.loopir.stmt import Block, For
 from compiler.target import Target
 
 NR_X = (4, 8, 16, 32, 48, 64)
-DIRECT_KNOBS = ("oc_tile", "ry", "nr_x", "vector_x", "parallel_x")
 
 
 def conv_geometry(group: Group) -> dict[str, int]:
@@ -96,85 +94,65 @@ class CpuConvSketch(Sketch):
         return group.kind in self.kinds and G.is_conv(group) and G.const_second_operand(group)
 
     # ------------------------------------------------------------------ space
-    def _gemm_space(self, group: Group, target: Target) -> list[Knob]:
-        return self._gemm.space(group, target)
+    def method(self, group: Group, target: Target) -> str:
+        """The method for this convolution: ``direct`` for a windowed convolution with a shallow reduction
+        (C/g x KH x KW <= 64: a first layer, a depthwise convolution) or any grouped one, when some
+        register tile runs its rows; ``gemm`` otherwise (1x1 and deep convolutions)."""
+        geo = conv_geometry(group)
+        depth = geo["cg"] * geo["kh"] * geo["kw"]
+        if geo["kh"] * geo["kw"] == 1 or (depth > 64 and geo["groups"] == 1):
+            return "gemm"
+        rows_fit = geo["padded"] and geo["sw"] == 1
+        return "direct" if rows_fit or any(geo["ow"] % nr == 0 for nr in self._nr_values(geo)) else "gemm"
+
+    @staticmethod
+    def _nr_values(geo: dict[str, int]) -> tuple[int, ...]:
+        return tuple(v for v in NR_X if v < 2 * max(4, geo["ow"]))
 
     def space(self, group: Group, target: Target) -> list[Knob]:
+        method = self.method(group, target)
+        head = Knob("method", (method,), "direct (vectors along the output row) or the GEMM view, by rule")
+        if method == "gemm":
+            return [head, *self._gemm.space(group, target)]
         geo = conv_geometry(group)
-        lanes = target.vector_lanes_f32
-        vectors = tuple(v for v in (1, 4, 8, 16) if v <= lanes)
+        vectors = tuple(v for v in (1, 4, 8, 16) if v <= target.vector_lanes_f32)
         return [
-            Knob("method", ("direct", "gemm"), "direct (vectors along the output row) or the GEMM view"),
-            Knob(
-                "oc_tile",
-                tuple(v for v in (1, 2, 4, 6, 8, 12) if v <= max(1, geo["o"])),
-                "direct: output channels per register tile",
-            ),
-            Knob(
-                "ry",
-                tuple(v for v in (1, 2, 4) if v <= geo["oh"]),
-                "direct: output rows per register tile",
-            ),
-            Knob(
-                "nr_x",
-                tuple(v for v in NR_X if v < 2 * max(4, geo["ow"])),
-                "direct: output pixels of one row per register tile",
-            ),
-            Knob("vector_x", vectors, "direct: SIMD lanes along the output row"),
-            Knob("parallel_x", ("outer", "none"), "direct: OpenMP over batch x channel tiles x row tiles"),
-            *self._gemm_space(group, target),
+            head,
+            Knob("oc_tile", tuple(v for v in (1, 2, 4, 6, 8, 12) if v <= max(1, geo["o"])), "channels"),
+            Knob("ry", tuple(v for v in (1, 2, 4) if v <= geo["oh"]), "output rows per register tile"),
+            Knob("nr_x", self._nr_values(geo), "output pixels of one row per register tile"),
+            Knob("vector_x", vectors, "SIMD lanes along the output row"),
+            Knob("parallel_x", ("outer", "none"), "OpenMP over batch x channel tiles x row tiles"),
         ]
 
-    def method_knobs(self, group: Group, target: Target, method: str) -> tuple[str, ...]:
-        """The knobs ``method`` ("direct" or "gemm") reads; the others must hold their first value."""
-        if method == "direct":
-            return DIRECT_KNOBS
-        return tuple(k.name for k in self._gemm.space(group, target))
-
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
-        knobs = {k.name: k for k in self.space(group, target)}
-        own = self.method_knobs(group, target, config["method"])
-        other = [n for n in knobs if n != "method" and n not in own]
         if config["method"] == "gemm":
-            self._gemm_check(group, config, target)
-        for name in other:
-            if config[name] != knobs[name].values[0]:
-                raise ScheduleError(
-                    f"conv: knob '{name}' belongs to the other method than '{config['method']}' "
-                    f"and must hold its first value {knobs[name].values[0]!r}"
-                )
-        if config["method"] == "direct":
-            geo = conv_geometry(group)
-            v, nr = config["vector_x"], config["nr_x"]
-            if nr % v:
-                raise ScheduleError(f"conv: vector_x {v} does not divide nr_x {nr}")
-            regs = config["oc_tile"] * config["ry"] * (nr // v)
-            if v > 1 and regs > registers(target) - 2:
-                raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
-            if geo["ow"] % nr and not (geo["padded"] and geo["sw"] == 1):
-                raise ScheduleError(
-                    f"conv: nr_x {nr} does not divide the output row {geo['ow']} and there is no padded "
-                    "input copy to run the row tail on"
-                )
+            self._gemm.check_combination(group, self._gemm_config(config), target)
+            return
+        geo = conv_geometry(group)
+        v, nr = config["vector_x"], config["nr_x"]
+        if nr % v:
+            raise ScheduleError(f"conv: vector_x {v} does not divide nr_x {nr}")
+        regs = config["oc_tile"] * config["ry"] * (nr // v)
+        if v > 1 and regs > registers(target) - 2:
+            raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
+        if geo["ow"] % nr and not (geo["padded"] and geo["sw"] == 1):
+            raise ScheduleError(
+                f"conv: nr_x {nr} does not divide the output row {geo['ow']} and there is no padded "
+                "input copy to run the row tail on"
+            )
 
-    def _gemm_check(self, group: Group, config: Config, target: Target) -> None:
-        gemm = {k.name: config[k.name] for k in self._gemm.space(group, target)}
-        self._gemm.check_combination(group, gemm, target)
+    @staticmethod
+    def _gemm_config(config: Config) -> Config:
+        return {k: v for k, v in config.items() if k != "method"}
 
     # ------------------------------------------------------------------ default
     def default(self, group: Group, target: Target) -> Config:
-        geo = conv_geometry(group)
-        config = {k.name: k.values[0] for k in self.space(group, target)}
-        depth = geo["cg"] * geo["kh"] * geo["kw"]
-        if geo["kh"] * geo["kw"] > 1 and (depth <= 64 or geo["groups"] > 1):
-            direct = {**config, **self._direct_default(group, target, geo), "method": "direct"}
-            try:
-                self.check(group, direct, target)
-                return direct
-            except ScheduleError:  # e.g. an unpadded row no vector tile divides: the GEMM view
-                pass
-        config.update(self._gemm_default(group, target))
-        config["method"] = "gemm"
+        method = self.method(group, target)
+        if method == "direct":
+            config = {"method": method, **self._direct_default(group, target, conv_geometry(group))}
+        else:
+            config = {"method": method, **self._gemm_default(group, target)}
         self.check(group, config, target)
         return config
 
@@ -208,8 +186,7 @@ class CpuConvSketch(Sketch):
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
         self.check(group, config, target)
         if config["method"] == "gemm":
-            gemm = {k.name: config[k.name] for k in self._gemm.space(group, target)}
-            return self._gemm.build(group, gemm, target)
+            return self._gemm.build(group, self._gemm_config(config), target)
         return self._direct(group, config, target)
 
     def _direct(self, group: Group, config: Config, target: Target) -> Schedule:
