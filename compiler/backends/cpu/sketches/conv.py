@@ -28,6 +28,7 @@ sketch's, with register tiles that divide output rows of 7, 14 and 28 pixels.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 
 from compiler.backends import group_analysis as G
@@ -165,12 +166,33 @@ class CpuConvSketch(Sketch):
         # the whole row, up to 4 vectors (one that divides the row when there is no padded copy)
         fits = [k for k in (1, 2, 3, 4) if k * v in NR_X and (geo["padded"] or ow % (k * v) == 0)]
         fits = [k for k in fits if k == 1 or (k - 1) * v < ow] or [1]
-        nr = max(4, v * max(fits))
-        budget = registers(target) - 4
-        oc = max(x for x in (1, 2, 4, 6, 8, 12) if x <= geo["o"] and x * (nr // v) <= budget)
-        ry = 1
+        oc, ry, nv = self._tile_shape(geo, v, fits, registers(target) - 4)
+        nr = max(4, v * nv)
         parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
         return {"oc_tile": oc, "ry": ry, "nr_x": nr, "vector_x": v, "parallel_x": parallel}
+
+    @staticmethod
+    def _tile_shape(geo: dict[str, int], v: int, vectors: list[int], budget: int) -> tuple[int, int, int]:
+        """(oc_tile, ry, vectors per row) with the most FMAs per load within ``budget`` accumulators, less
+        the work wasted on tail tiles. A dense convolution loads ry x nv input vectors and oc weights per
+        tap; a depthwise one reads a different channel per output channel, but the rows its kh taps share
+        are loaded once (ry + kh - 1 rows)."""
+        best, best_key = (1, 1, min(vectors)), (0.0, 0)
+        depthwise = geo["cg"] == 1 and geo["groups"] > 1
+        ow = geo["ow"]
+        for oc, ry, nv in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4), vectors):
+            if oc * ry * nv > budget or oc > max(1, geo["o"]) or ry > geo["oh"]:
+                continue
+            fmas = oc * ry * nv * geo["kh"]
+            if depthwise:
+                loads = oc * (ry + geo["kh"] - 1) * nv + oc * geo["kh"]
+            else:
+                loads = (ry * nv + oc) * geo["kh"]
+            tails = (-geo["oh"] % ry) / geo["oh"] + (-geo["o"] % oc) / geo["o"] + (-ow % (nv * v)) / ow
+            key = (fmas / loads * max(0.0, 1 - tails), oc * ry * nv)
+            if key > best_key:
+                best, best_key = (oc, ry, nv), key
+        return best
 
     def _gemm_default(self, group: Group, target: Target) -> Config:
         config = dict(self._gemm.default(group, target))
