@@ -109,7 +109,7 @@ def trials_in_db(graph: Any, url: str) -> tuple[int, int]:
     target = Target.host()
     keys = [t.group.workload_key for t in extract_tasks(graph, target)]
     with TuningDatabase.open(url, create=False) as db:
-        count = sum(len(db.find_records(k, target.key())) for k in keys)
+        count = sum(len(db.find_records(k, target.key)) for k in keys)
     return int(count), len(keys)
 
 

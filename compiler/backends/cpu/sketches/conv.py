@@ -158,41 +158,38 @@ class CpuConvSketch(Sketch):
         return config
 
     def _direct_default(self, group: Group, target: Target, geo: dict[str, int]) -> Config:
-        lanes = target.vector_lanes_f32
-        ow = geo["ow"]
-        v = lanes if ow >= lanes or geo["padded"] else max(x for x in (4, 8, 16) if x <= max(4, ow))
-        if ow % v and not geo["padded"]:
-            v = max(x for x in (1, 4, 8, 16) if ow % x == 0 and x <= lanes)
-        # the whole row, up to 4 vectors (one that divides the row when there is no padded copy)
-        fits = [k for k in (1, 2, 3, 4) if k * v in NR_X and (geo["padded"] or ow % (k * v) == 0)]
-        fits = [k for k in fits if k == 1 or (k - 1) * v < ow] or [1]
-        oc, ry, nv = self._tile_shape(geo, v, fits, registers(target) - 4)
-        nr = max(4, v * nv)
+        """The register tile (lanes, row pixels, channels, rows) with the most useful FMA lanes per load:
+        FMAs per load (:meth:`_fmas_per_load`) x vector lanes, less the lanes wasted on tail tiles."""
+        ow, budget = geo["ow"], registers(target) - 4
+        tails_run = geo["padded"] and geo["sw"] == 1  # whole vectors over the padded copy
+        best, best_key = None, (-1.0, 0)
+        for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
+            for nr in self._nr_values(geo):
+                if nr % v or (ow % nr and not tails_run) or nr // v > 4:
+                    continue
+                for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4)):
+                    nv = nr // v
+                    if oc * ry * nv > budget or oc > max(1, geo["o"]) or ry > geo["oh"]:
+                        continue
+                    used = ow / (-(-ow // nr) * nr) * geo["oh"] / (-(-geo["oh"] // ry) * ry)
+                    used *= geo["o"] / (-(-geo["o"] // oc) * oc)
+                    key = (self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
+                    if key > best_key:
+                        best, best_key = (oc, ry, nr, v), key
+        oc, ry, nr, v = best or (1, 1, min(self._nr_values(geo)), 1)
         parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
         return {"oc_tile": oc, "ry": ry, "nr_x": nr, "vector_x": v, "parallel_x": parallel}
 
     @staticmethod
-    def _tile_shape(geo: dict[str, int], v: int, vectors: list[int], budget: int) -> tuple[int, int, int]:
-        """(oc_tile, ry, vectors per row) with the most FMAs per load within ``budget`` accumulators, less
-        the work wasted on tail tiles. A dense convolution loads ry x nv input vectors and oc weights per
+    def _fmas_per_load(geo: dict[str, int], oc: int, ry: int, nv: int) -> float:
+        """FMAs per load of a tile: a dense convolution loads ry x nv input vectors and oc weights per
         tap; a depthwise one reads a different channel per output channel, but the rows its kh taps share
         are loaded once (ry + kh - 1 rows)."""
-        best, best_key = (1, 1, min(vectors)), (0.0, 0)
-        depthwise = geo["cg"] == 1 and geo["groups"] > 1
-        ow = geo["ow"]
-        for oc, ry, nv in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4), vectors):
-            if oc * ry * nv > budget or oc > max(1, geo["o"]) or ry > geo["oh"]:
-                continue
-            fmas = oc * ry * nv * geo["kh"]
-            if depthwise:
-                loads = oc * (ry + geo["kh"] - 1) * nv + oc * geo["kh"]
-            else:
-                loads = (ry * nv + oc) * geo["kh"]
-            tails = (-geo["oh"] % ry) / geo["oh"] + (-geo["o"] % oc) / geo["o"] + (-ow % (nv * v)) / ow
-            key = (fmas / loads * max(0.0, 1 - tails), oc * ry * nv)
-            if key > best_key:
-                best, best_key = (oc, ry, nv), key
-        return best
+        kh = geo["kh"]
+        fmas = oc * ry * nv * kh
+        if geo["cg"] == 1 and geo["groups"] > 1:
+            return fmas / (oc * (ry + kh - 1) * nv + oc * kh)
+        return fmas / ((ry * nv + oc) * kh)
 
     def _gemm_default(self, group: Group, target: Target) -> Config:
         config = dict(self._gemm.default(group, target))

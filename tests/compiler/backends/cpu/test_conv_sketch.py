@@ -103,6 +103,7 @@ def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthw
         (8, 8, 7, 7, 3, 1, 1, 1),  # 3x3 on a small image
         (8, 24, 7, 7, 1, 1, 0, 1),  # 1x1: the GEMM view
         (4, 8, 9, 9, 3, 2, 0, 1),  # stride 2, unpadded
+        (2, 4, 3, 3, 3, 1, 1, 1),  # a 3x3 image: row tiles narrower than the ISA's vectors
     ],
 )
 def test_default_passes_its_check_and_computes(shape, target):
