@@ -199,7 +199,7 @@ def render(rows: list[dict], args: argparse.Namespace, tune_s: dict[str, float],
     return (
         "# Kiln vs onnxruntime on ONNX nets exported from PyTorch (CPU)\n\n"
         f"Machine: {machine_line()} ({cpu_detail()}). Produced by `"
-        f"{'KILN_HOST_ISA=' + isa + ' ' if isa else ''}python scripts/bench_onnx_nets.py "
+        f"{_pinning()}{'KILN_HOST_ISA=' + isa + ' ' if isa else ''}python scripts/bench_onnx_nets.py "
         f"{' '.join(sys.argv[1:])}`.\n\n"
         f"{isa_note} Each net is exported with `torch.onnx.export` (opset 17) at run time; onnxruntime "
         f"runs the file (CPU provider, ORT_ENABLE_ALL, sequential, {THREADS} intra-op threads); Kiln "
@@ -215,6 +215,14 @@ def render(rows: list[dict], args: argparse.Namespace, tune_s: dict[str, float],
         "load' the median share of the CPUs other processes used just before each round.\n\n"
         f"{markdown_table(table, cols)}\n\n{verdict}\n\nNets (float32, batch as shown):\n\n{nets}\n"
     )
+
+
+def _pinning() -> str:
+    """``taskset -c CPUS `` when this process runs on fewer CPUs than the machine has (a pinned run)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= (os.cpu_count() or len(cpus)):
+        return ""
+    return f"taskset -c {','.join(map(str, cpus))} "
 
 
 def main() -> int:
