@@ -6,6 +6,16 @@ from compiler.passes.cse import cse
 from compiler.passes.dce import dce
 from compiler.passes.decompose import decompose
 from compiler.passes.fold_constants import fold_constants
+from compiler.passes.fold_conv_scale import fold_conv_scale
 from compiler.passes.pipeline import PassPipeline, default_pipeline, optimize
 
-__all__ = ["PassPipeline", "cse", "dce", "decompose", "default_pipeline", "fold_constants", "optimize"]
+__all__ = [
+    "PassPipeline",
+    "cse",
+    "dce",
+    "decompose",
+    "default_pipeline",
+    "fold_constants",
+    "fold_conv_scale",
+    "optimize",
+]

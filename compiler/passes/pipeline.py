@@ -31,11 +31,12 @@ class PassPipeline:
 
 
 def default_pipeline() -> PassPipeline:
-    from compiler.passes import cse, dce, decompose, fold_constants
+    from compiler.passes import cse, dce, decompose, fold_constants, fold_conv_scale
 
-    return PassPipeline([decompose, fold_constants, cse, dce])
+    return PassPipeline([decompose, fold_constants, fold_conv_scale, cse, dce])
 
 
 def optimize(graph: Graph) -> Graph:
-    """The standard graph-level pipeline: decompose, fold constants, CSE, DCE."""
+    """The standard graph-level pipeline: decompose, fold constants, fold per-channel scales into
+    convolutions (BatchNorm), CSE, DCE."""
     return default_pipeline().run(graph)

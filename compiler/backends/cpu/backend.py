@@ -10,6 +10,7 @@ from compiler.backends.cpu import gcc
 from compiler.backends.cpu.codegen import generate_c
 from compiler.backends.cpu.executor import CpuCompiledModel
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
+from compiler.backends.cpu.sketches.conv import CpuConvSketch
 from compiler.backends.cpu.sketches.generic import CpuGenericSketch
 from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
 from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
@@ -22,7 +23,14 @@ from compiler.te import TEProgram, compute, lower, placeholder
 
 class CpuBackend(Backend):
     name = "cpu"
-    sketch_classes = (CpuPointwiseSketch, CpuReductionSketch, CpuContractionSketch, CpuGenericSketch)
+    # the convolution sketch comes before the contraction sketch: it takes every conv2d with constant weights
+    sketch_classes = (
+        CpuPointwiseSketch,
+        CpuReductionSketch,
+        CpuConvSketch,
+        CpuContractionSketch,
+        CpuGenericSketch,
+    )
 
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
         return lower_func(func, unroll)

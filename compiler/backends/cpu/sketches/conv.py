@@ -1,0 +1,277 @@
+"""The CPU convolution sketch: conv2d groups (NCHW input, OIHW weight, any groups) with their elementwise
+epilogue (folded BatchNorm bias, ReLU / ReLU6, residual), scheduled one of two ways, chosen by rule per
+convolution (:meth:`CpuConvSketch.method`; the ``method`` knob has that one value, and the space holds that
+method's knobs only, so every config the tuner draws is a distinct schedule):
+
+``direct`` — a direct convolution vectorized along the output row (x), for windowed convolutions with a
+shallow reduction (depthwise convolutions, the first layer of a net with 3 input channels)::
+
+    parallel for (n, o_o, y_o)
+      for x_o                                    acc[oc_tile][ry][nr]: OC x RY x (NR/V) vector registers
+        for c, kh, kw   (kh, kw unrolled)
+          for o_i, y_i, x_v (unrolled), lanes (vector)
+            acc[o_i][y_i][x] += pad[n][c(o)][y*s + kh][x*s + kw] * W[o/OC][c][kh][kw][o_i]
+        epilogue on the tile: out[n][o][y][x:x+V] = f(acc, bias, residual ...)   (contiguous stores)
+
+  The weights are re-laid out at compile time to [O/OC][C/g][KH][KW][OC] (:class:`TilePack`), so the OC
+  weights of one tap are adjacent scalars (broadcast into FMAs); input and output keep the graph's NCHW
+  layout, so the convolution chains with every other kernel without layout conversions. A row tail (the
+  output width not a multiple of NR) runs whole vectors over the zero-padded input copy grown to cover
+  them (``Schedule.pad``); only the epilogue's stores are guarded.
+
+``gemm`` — the contraction sketch's register-tiled GEMM view (M = output pixels, N = output channels,
+K = C/g x KH x KW) with the weights pre-packed at compile time and the input read in place (no packing
+copy, so a 1x1 convolution is a GEMM straight off the NCHW activation); its knobs are the contraction
+sketch's, with register tiles that divide output rows of 7, 14 and 28 pixels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+
+from compiler.backends import group_analysis as G
+from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
+from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
+from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, fuse_loops, prepare
+from compiler.errors import ScheduleError
+from compiler.fusion import Group
+from compiler.layouts import TilePack
+from compiler.loopir.expr import free_vars
+from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Block, For
+from compiler.target import Target
+
+NR_X = (4, 8, 16, 32, 48, 64)
+
+
+def conv_geometry(group: Group) -> dict[str, int]:
+    """The anchor convolution's sizes: batch, channels, output size, kernel, stride, groups."""
+    node = group.anchor
+    if node is None or node.op != "conv2d":
+        raise ScheduleError(f"conv: group {group.name} is not anchored by a conv2d")
+    n, c, _h, _w = node.inputs[0].shape
+    o, cg, kh, kw = node.inputs[1].shape
+    _n, _o, oh, ow = node.output.shape
+    return {
+        "n": n,
+        "c": c,
+        "o": o,
+        "cg": cg,
+        "kh": kh,
+        "kw": kw,
+        "oh": oh,
+        "ow": ow,
+        "sw": node.attrs["strides"][1],
+        "groups": node.attrs["groups"],
+        "padded": int(node.attrs["padding"] != (0, 0, 0, 0)),
+    }
+
+
+class _ConvGemm(CpuContractionSketch):
+    """The contraction sketch's GEMM view of a convolution, with register tiles of 7 and 14 rows too
+    (output rows of 7, 14, 28 pixels are common)."""
+
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        knobs = super().space(group, target)
+        m_ext, _n = G.anchor_extents(group)
+        mr = tuple(v for v in (1, 2, 4, 6, 7, 8, 12, 14) if v <= max(1, m_ext))
+        return [Knob("mr", mr, k.doc) if k.name == "mr" else k for k in knobs]
+
+
+class CpuConvSketch(Sketch):
+    """conv2d groups on the CPU: a direct convolution vectorized along the output row, or the GEMM view
+    with pre-packed weights (see the module docstring)."""
+
+    name = "conv"
+    version = 1
+    kinds = ("contraction",)
+
+    def __init__(self) -> None:
+        self._gemm = _ConvGemm()
+
+    def applies(self, group: Group) -> bool:
+        return group.kind in self.kinds and G.is_conv(group) and G.const_second_operand(group)
+
+    # ------------------------------------------------------------------ space
+    def method(self, group: Group, target: Target) -> str:
+        """The method for this convolution: ``direct`` for a windowed convolution with a shallow reduction
+        (C/g x KH x KW <= 64: a first layer, a depthwise convolution) or any grouped one, when some
+        register tile runs its rows; ``gemm`` otherwise (1x1 and deep convolutions)."""
+        geo = conv_geometry(group)
+        depth = geo["cg"] * geo["kh"] * geo["kw"]
+        if geo["kh"] * geo["kw"] == 1 or (depth > 64 and geo["groups"] == 1):
+            return "gemm"
+        rows_fit = geo["padded"] and geo["sw"] == 1
+        return "direct" if rows_fit or any(geo["ow"] % nr == 0 for nr in self._nr_values(geo)) else "gemm"
+
+    @staticmethod
+    def _nr_values(geo: dict[str, int]) -> tuple[int, ...]:
+        return tuple(v for v in NR_X if v < 2 * max(4, geo["ow"]))
+
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        method = self.method(group, target)
+        head = Knob("method", (method,), "direct (vectors along the output row) or the GEMM view, by rule")
+        if method == "gemm":
+            return [head, *self._gemm.space(group, target)]
+        geo = conv_geometry(group)
+        vectors = tuple(v for v in (1, 4, 8, 16) if v <= target.vector_lanes_f32)
+        return [
+            head,
+            Knob("oc_tile", tuple(v for v in (1, 2, 4, 6, 8, 12) if v <= max(1, geo["o"])), "channels"),
+            Knob("ry", tuple(v for v in (1, 2, 4) if v <= geo["oh"]), "output rows per register tile"),
+            Knob("nr_x", self._nr_values(geo), "output pixels of one row per register tile"),
+            Knob("vector_x", vectors, "SIMD lanes along the output row"),
+            Knob("parallel_x", ("outer", "none"), "OpenMP over batch x channel tiles x row tiles"),
+        ]
+
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        if config["method"] == "gemm":
+            self._gemm.check_combination(group, self._gemm_config(config), target)
+            return
+        geo = conv_geometry(group)
+        v, nr = config["vector_x"], config["nr_x"]
+        if nr % v:
+            raise ScheduleError(f"conv: vector_x {v} does not divide nr_x {nr}")
+        regs = config["oc_tile"] * config["ry"] * (nr // v)
+        if v > 1 and regs > registers(target) - 2:
+            raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
+        if geo["ow"] % nr and not (geo["padded"] and geo["sw"] == 1):
+            raise ScheduleError(
+                f"conv: nr_x {nr} does not divide the output row {geo['ow']} and there is no padded "
+                "input copy to run the row tail on"
+            )
+
+    @staticmethod
+    def _gemm_config(config: Config) -> Config:
+        return {k: v for k, v in config.items() if k != "method"}
+
+    # ------------------------------------------------------------------ default
+    def default(self, group: Group, target: Target) -> Config:
+        method = self.method(group, target)
+        if method == "direct":
+            config = {"method": method, **self._direct_default(group, target, conv_geometry(group))}
+        else:
+            config = {"method": method, **self._gemm_default(group, target)}
+        self.check(group, config, target)
+        return config
+
+    def _direct_default(self, group: Group, target: Target, geo: dict[str, int]) -> Config:
+        """The register tile (lanes, row pixels, channels, rows) with the most useful FMA lanes per load:
+        FMAs per load (:meth:`_fmas_per_load`) x vector lanes, less the lanes wasted on tail tiles."""
+        ow, budget = geo["ow"], registers(target) - 4
+        tails_run = geo["padded"] and geo["sw"] == 1  # whole vectors over the padded copy
+        best, best_key = None, (-1.0, 0)
+        for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
+            for nr in self._nr_values(geo):
+                if nr % v or (ow % nr and not tails_run) or nr // v > 4:
+                    continue
+                for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4)):
+                    nv = nr // v
+                    if oc * ry * nv > budget or oc > max(1, geo["o"]) or ry > geo["oh"]:
+                        continue
+                    used = ow / (-(-ow // nr) * nr) * geo["oh"] / (-(-geo["oh"] // ry) * ry)
+                    used *= geo["o"] / (-(-geo["o"] // oc) * oc)
+                    key = (self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
+                    if key > best_key:
+                        best, best_key = (oc, ry, nr, v), key
+        oc, ry, nr, v = best or (1, 1, min(self._nr_values(geo)), 1)
+        parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
+        return {"oc_tile": oc, "ry": ry, "nr_x": nr, "vector_x": v, "parallel_x": parallel}
+
+    @staticmethod
+    def _fmas_per_load(geo: dict[str, int], oc: int, ry: int, nv: int) -> float:
+        """FMAs per load of a tile: a dense convolution loads ry x nv input vectors and oc weights per
+        tap; a depthwise one reads a different channel per output channel, but the rows its kh taps share
+        are loaded once (ry + kh - 1 rows)."""
+        kh = geo["kh"]
+        fmas = oc * ry * nv * kh
+        if geo["cg"] == 1 and geo["groups"] > 1:
+            return fmas / (oc * (ry + kh - 1) * nv + oc * kh)
+        return fmas / ((ry * nv + oc) * kh)
+
+    def _gemm_default(self, group: Group, target: Target) -> Config:
+        config = dict(self._gemm.default(group, target))
+        m_ext, _n_ext = G.anchor_extents(group)
+        v, nr = config["vector"], config["nr"]
+        fitting = [x for x in (1, 2, 4, 6, 7, 8, 12, 14) if x <= max(1, m_ext)]
+        fitting = [x for x in fitting if x * (nr // v) <= registers(target) - 4]
+        # the largest register tile that divides the output row (no row guards), else the largest
+        config["mr"] = max(fitting, key=lambda x: (m_ext % x == 0, x))
+        return config
+
+    # ------------------------------------------------------------------ build
+    def build(self, group: Group, config: Config, target: Target) -> Schedule:
+        self.check(group, config, target)
+        if config["method"] == "gemm":
+            return self._gemm.build(group, self._gemm_config(config), target)
+        return self._direct(group, config, target)
+
+    def _direct(self, group: Group, config: Config, target: Target) -> Schedule:
+        oc, ry, nr, v = config["oc_tile"], config["ry"], config["nr_x"], config["vector_x"]
+        sch, blocks = prepare(group, keep=lambda _sch, b: b.name.endswith("_pad"))
+        mm, epi = contraction_stages(sch, blocks)
+        loops = sch.get_loops(mm)
+        n, o, y, x = loops[:4]
+        red = loops[4:]
+        o_o, o_i = sch.split(o, [None, oc])
+        y_o, y_i = sch.split(y, [None, ry])
+        x_o, x_i = sch.split(x, [None, nr])
+        sch.reorder(n, o_o, y_o, x_o, *red, o_i, y_i, x_i)
+        outer = [n, o_o, y_o]
+        sch.reverse_compute_at(epi, x_o)
+        init = sch.decompose_reduction(mm, red[0])
+        for small in red[1:]:
+            if small.extent <= 7:
+                sch.unroll(small)
+        # whole tiles for the accumulation (the padded input copy grows to cover the row tail)
+        for b in (mm, init):
+            for lp in sch.get_loops(b)[-3:]:
+                if b.predicate is not None and lp.var in free_vars(b.predicate):
+                    with contextlib.suppress(ScheduleError):  # an input read in place keeps its guard
+                        sch.pad(b, lp)
+        weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
+        sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+        for b in (mm, init, epi):
+            self._vector_tile(sch, b, v, x_o)
+        self._schedule_pad(sch, config)
+        if config["parallel_x"] == "outer":
+            fused = fuse_loops(sch, outer)
+            if fused is not None and fused.extent > 1:
+                sch.parallel(fused)
+        return sch
+
+    @staticmethod
+    def _vector_tile(sch: Schedule, block: Block, v: int, x_o: For) -> None:
+        """The block's register-tile loops (o_i, y_i, x_i under the row-tile loop ``x_o``, reduction loops
+        excepted): x split into vectors, the rest unrolled, so the accumulator stays in registers."""
+        loops = sch.get_loops(block)
+        below = loops[[lp.var for lp in loops].index(x_o.var) + 1 :]
+        tile = [lp for lp in below if lp.kind == "serial" and not G.drives_reduce(block, lp)]
+        if not tile:
+            return
+        x_loop = tile[-1]
+        xv, lanes = sch.split(x_loop, [None, v])
+        if v > 1:
+            sch.vectorize(lanes)
+        sch.unroll(xv)
+        for lp in tile[:-1]:
+            sch.unroll(lp)
+
+    @staticmethod
+    def _schedule_pad(sch: Schedule, config: Config) -> None:
+        """The zero-padded input copy: one pass, parallel over its outer axes when big enough, its rows
+        vectorized when they are long."""
+        for b in sch.blocks():
+            if not b.name.endswith("_pad"):
+                continue
+            loops = sch.get_loops(b)
+            numel = math.prod(lp.extent for lp in loops)
+            if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PARALLEL_MIN_WORK:
+                sch.parallel(fuse_loops(sch, loops[:-2]))
+
+
+def registers(target: Target) -> int:
+    """Vector registers of the target's ISA (32 with AVX-512 or on aarch64, 16 with AVX2)."""
+    return target.vector_registers

@@ -1,0 +1,152 @@
+"""The CPU convolution sketch: every config its space and ``check`` allow computes the reference result
+(hypothesis draws the convolution and the config; the rule picks the method), on the loop-IR interpreter;
+its defaults pass their own check on AVX-512 and AVX2 targets."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compiler.backends.cpu.sketches.conv import CpuConvSketch
+from compiler.builder import GraphBuilder
+from compiler.errors import ScheduleError
+from compiler.fusion import Group, fuse
+from compiler.graph import Graph
+from compiler.layouts import apply_input_layouts
+from compiler.loopir import evaluate, lower_func
+from compiler.passes import optimize
+from compiler.reference import run_reference
+from compiler.target import Target
+from tests.compiler.property_graphs import inputs_for
+
+SKETCH = CpuConvSketch()
+AVX512 = Target.from_cpuinfo("flags\t: avx512f avx2 fma\n", "x86_64", cores=2)
+AVX2 = Target.from_cpuinfo("flags\t: avx2 fma\n", "x86_64", cores=2)
+SETTINGS = settings(
+    max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", "30")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def conv_net(c: int, o: int, h: int, w: int, k: int, s: int, pad: int, groups: int, epilogue: str) -> Graph:
+    """conv2d (constant weight) + a per-channel bias + an activation (relu / relu6 / residual)."""
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("conv")
+    x = b.input("x", (1, c * groups, h, w))
+    weight = b.param("w", rng.standard_normal((o * groups, c, k, k)).astype(np.float32))
+    y = b.conv2d(x, weight, strides=(s, s), padding=(pad, pad), groups=groups)
+    y = b.add(y, b.param("bias", rng.standard_normal((o * groups, 1, 1)).astype(np.float32)))
+    if epilogue == "relu6":
+        y = b.minimum(b.maximum(y, b.constant(0.0)), b.constant(6.0))
+    elif epilogue == "residual" and y.shape == x.shape:
+        y = b.add(y, x)
+    else:
+        y = b.relu(y)
+    return b.build([y])
+
+
+def conv_group(graph: Graph) -> Group:
+    groups = [g for g in fuse(optimize(graph)).groups if SKETCH.applies(g)]
+    assert len(groups) == 1, [g.name for g in fuse(optimize(graph)).groups]
+    return groups[0]
+
+
+def assert_computes(group: Group, config: dict, target: Target) -> None:
+    sch = SKETCH.build(group, config, target)
+    func = lower_func(sch.func)
+    ins = inputs_for(group)
+    outs = evaluate(func, apply_input_layouts(func.attrs, ins))
+    for o, r in zip(outs, run_reference(group.subgraph, ins)):
+        err = float(np.abs(o.astype(np.float64) - r).max())
+        assert err <= 2e-5 * max(1.0, float(np.abs(r).max())), f"{config}: max err {err}\n{sch.show_trace()}"
+
+
+@SETTINGS
+@given(
+    c=st.integers(1, 4),
+    o=st.sampled_from([1, 3, 8]),
+    h=st.integers(3, 7),
+    w=st.integers(3, 12),
+    k=st.sampled_from([1, 3]),
+    s=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    depthwise=st.booleans(),
+    epilogue=st.sampled_from(["relu", "relu6", "residual"]),
+    avx2=st.booleans(),
+    data=st.data(),
+)
+def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthwise, epilogue, avx2, data):
+    groups = 1
+    if depthwise:  # one input and one output channel per group
+        groups, c, o = c + 1, 1, 1
+    group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, epilogue))
+    target = AVX2 if avx2 else AVX512
+    config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in SKETCH.space(group, target)}
+    try:
+        SKETCH.check(group, config, target)
+    except ScheduleError:
+        return  # rejected up front: allowed
+    assert_computes(group, config, target)
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (3, 32, 16, 16, 3, 1, 1, 1),  # first layer of a conv net: direct
+        (1, 1, 14, 14, 3, 1, 1, 24),  # depthwise: direct
+        (8, 8, 7, 7, 3, 1, 1, 1),  # 3x3 on a small image
+        (8, 24, 7, 7, 1, 1, 0, 1),  # 1x1: the GEMM view
+        (4, 8, 9, 9, 3, 2, 0, 1),  # stride 2, unpadded
+        (2, 4, 3, 3, 3, 1, 1, 1),  # a 3x3 image: row tiles narrower than the ISA's vectors
+    ],
+)
+def test_default_passes_its_check_and_computes(shape, target):
+    c, o, h, k, s, pad, groups = shape[0], shape[1], shape[2], shape[4], shape[5], shape[6], shape[7]
+    group = conv_group(conv_net(c, o, h, shape[3], k, s, pad, groups, "relu"))
+    config = SKETCH.default(group, target)
+    SKETCH.check(group, config, target)
+    assert_computes(group, config, target)
+
+
+def test_default_method_follows_the_reduction_depth():
+    first = conv_group(conv_net(3, 32, 16, 16, 3, 1, 1, 1, "relu"))
+    depthwise = conv_group(conv_net(1, 1, 14, 14, 3, 1, 1, 24, "relu"))
+    pointwise = conv_group(conv_net(32, 32, 14, 14, 1, 1, 0, 1, "relu"))
+    assert SKETCH.default(first, AVX512)["method"] == "direct"
+    assert SKETCH.default(depthwise, AVX512)["method"] == "direct"
+    assert SKETCH.default(pointwise, AVX512)["method"] == "gemm"
+
+
+def test_avx2_tiles_fit_sixteen_registers():
+    group = conv_group(conv_net(3, 32, 16, 16, 3, 1, 1, 1, "relu"))
+    config = SKETCH.default(group, AVX2)
+    assert config["vector_x"] <= 8
+    assert config["oc_tile"] * config["ry"] * config["nr_x"] // config["vector_x"] <= 14
+
+
+def test_the_space_holds_the_chosen_methods_knobs_only():
+    direct = conv_group(conv_net(3, 32, 16, 16, 3, 1, 1, 1, "relu"))
+    gemm = conv_group(conv_net(32, 32, 14, 14, 1, 1, 0, 1, "relu"))
+    assert [k.name for k in SKETCH.space(direct, AVX512)] == [
+        "method",
+        "oc_tile",
+        "ry",
+        "nr_x",
+        "vector_x",
+        "parallel_x",
+    ]
+    assert "mr" in [k.name for k in SKETCH.space(gemm, AVX512)]
+    assert "oc_tile" not in [k.name for k in SKETCH.space(gemm, AVX512)]
+
+
+def test_an_oversized_direct_tile_is_rejected_with_its_size():
+    group = conv_group(conv_net(3, 32, 16, 16, 3, 1, 1, 1, "relu"))
+    config = {**SKETCH.default(group, AVX2), "oc_tile": 12, "ry": 4, "nr_x": 16, "vector_x": 8}
+    with pytest.raises(ScheduleError, match="96 vector accumulators"):
+        SKETCH.check(group, config, AVX2)
