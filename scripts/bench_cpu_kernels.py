@@ -139,11 +139,26 @@ def torch_eager(graph, inputs, threads: int):
         import torch
     except ImportError:
         return None
-    from scripts.torch_peer import eager_and_compiled, graph_to_torch
+    from tuner.bench.torch_peer import graph_to_torch
 
     torch.set_num_threads(threads)
-    args = [torch.from_numpy(x) for x in inputs]
-    return eager_and_compiled(graph_to_torch(graph), args, graph.name, compile_mode=None)["torch eager"]
+    fn = graph_to_torch(graph)
+    args = [torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+
+    def run():
+        with torch.no_grad():
+            out = fn(*args)
+        return list(out) if isinstance(out, tuple) else out
+
+    return run
+
+
+def numpy_reference(graph, inputs):
+    """The 'numpy' peer: the graph's numpy reference op by op (as `kiln bench` times numpy); elementwise
+    numpy is single-threaded whatever --threads says, its matmuls use OpenBLAS's threads."""
+    from compiler.reference import run_reference
+
+    return lambda: run_reference(graph, inputs)
 
 
 def round_median(fn: Callable[[], object], min_time: float, max_iters: int = 2000) -> float:
@@ -182,7 +197,6 @@ def main() -> int:
     from compiler.reference import random_inputs, run_reference
     from compiler.target import Target
     from scripts.bench_common import machine_line, markdown_table
-    from scripts.numpy_peer import peer_for
     from tuner.api import compile as kiln_compile
 
     target = Target.host()
@@ -199,7 +213,7 @@ def main() -> int:
             "kiln out=": lambda m=model, x=inputs, o=bound: m.run(x, out=o),
             "kiln bind()": model.bind(inputs, out=[np.empty_like(r) for r in refs]),
         }
-        np_fn = mnist_numpy(graph, inputs) if name == "mnist_mlp" else peer_for(name, graph, inputs)
+        np_fn = mnist_numpy(graph, inputs) if name == "mnist_mlp" else numpy_reference(graph, inputs)
         if np_fn is not None:
             contenders["numpy"] = np_fn
         ort = ort_iobinding(graph, inputs, args.threads)
@@ -233,7 +247,14 @@ def main() -> int:
     columns += [c for c in ratios if any(c in r for r in rows)]
     text = (
         f"# Kiln CPU kernels (default schedules) vs peers\n\n"
-        f"Machine: {machine_line()}; Kiln target `{target.key}` ({target.vector_bytes * 8}-bit vectors). "
+        f"Machine: {machine_line()}; Kiln target `{target.key}` ({target.vector_bytes * 8}-bit vectors"
+        + (
+            f"; Kiln's code is narrowed by KILN_HOST_ISA={os.environ['KILN_HOST_ISA']} on this host, the "
+            "peers use the host's full ISA"
+            if os.environ.get("KILN_HOST_ISA")
+            else ""
+        )
+        + "). "
         f"`{command_line()}`; {args.threads} threads for every "
         f"contender. Median over {args.rounds} interleaved rounds (rotated order) of per-round medians, in "
         f"microseconds, with the lowest..highest round median in brackets. Outputs checked against the "
