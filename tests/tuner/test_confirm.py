@@ -125,6 +125,28 @@ def test_a_record_confirmed_slower_than_the_default_is_not_compiled_in(url: str,
     assert "default schedule kept: g0_reduce_max (record confirmed 0.67x (±0%) of the default" in out.stdout
 
 
+def test_kiln_bench_tuned_runs_a_kernel_whose_record_kept_the_default(url: str) -> None:
+    """`kiln bench`'s "kiln tuned" contender times what compile builds: a kernel whose record was confirmed
+    not faster runs the default schedule (and says so), it is not an error."""
+    import numpy as np
+
+    from compiler.reference import random_inputs, run_reference
+    from tuner.bench.contenders import BenchContext, KilnContender, PreparedWorkload
+
+    task = _task()
+    measurer, _ = _measurer(LoadedMachine(task.default(), 100.0, 400.0))
+    tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
+    graph = load_model("softmax")
+    inputs = random_inputs(graph, seed=0)
+    refs = run_reference(graph, inputs)
+    workload = PreparedWorkload("softmax", "softmax", graph, inputs, refs, 0.0, 0.0, 0.0)
+    with TuningDatabase.open(url) as db:
+        prepared = KilnContender(tuned=True).prepare(workload, BenchContext("cpu", 1, db))
+        (out,) = prepared.call()
+    assert prepared.info == {"kernels": 1, "kernels_from_records": 0, "kernels_kept_default": 1}
+    np.testing.assert_allclose(np.asarray(out), refs[0], rtol=1e-5, atol=1e-6)
+
+
 def test_records_without_a_confirmation_are_applied_and_marked_unconfirmed(url: str, tmp_path: Path) -> None:
     task = _task()
     timings = LoadedMachine(task.default(), 200.0, 200.0)

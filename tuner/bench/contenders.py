@@ -124,9 +124,18 @@ class KilnContender(Contender):
 
         model = kiln_compile(workload.graph, ctx.target, db=ctx.db if self.tuned else None)
         from_records = sum(1 for k in model.kernels if k.extra.get("origin") == "record")
-        if self.tuned and from_records == 0:
+        # a record confirmed not faster than the default keeps the default schedule (tuner.records): that
+        # kernel was tuned, and "kiln tuned" runs it as compile would
+        kept = sum(
+            1
+            for k in model.kernels
+            if k.extra.get("origin") != "record" and (k.extra.get("record") or {}).get("kept_default")
+        )
+        if self.tuned and from_records + kept == 0:
             raise KilnError(f"no tuning records for any kernel of {workload.name} on {model.target.key}")
         info = {"kernels": len(model.kernels), "kernels_from_records": from_records}
+        if kept:
+            info["kernels_kept_default"] = kept
         if ctx.target == "cuda":
             import cupy as cp
 

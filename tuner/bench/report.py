@@ -194,6 +194,11 @@ def markdown(run: BenchRun, command: str | None = None) -> str:
                 lines.append(f"- `{r.contender}` on `{r.workload}`: {r.status}: {r.error}")
     tuned = [
         f"`{r.workload}` {r.info['kernels_from_records']}/{r.info['kernels']}"
+        + (
+            f" ({r.info['kernels_kept_default']} kept the default: their records were confirmed not faster)"
+            if r.info.get("kernels_kept_default")
+            else ""
+        )
         for r in run.results
         if r.contender == "kiln tuned" and r.status == OK and "kernels" in r.info
     ]
