@@ -80,3 +80,14 @@ def test_real_contenders_agree_on_a_small_model() -> None:
         assert r.max_rel_err <= 1e-5
     assert "IOBinding" in run.result("softmax", "onnxruntime").note
     assert "single-threaded" in run.result("softmax", "numpy").note
+
+
+def test_torch_peer_refuses_a_graph_with_unmapped_ops_by_name() -> None:
+    pytest.importorskip("torch", reason="the torch peer needs torch (the torch extra)")
+    from compiler.errors import KilnError
+    from tuner.bench.torch_peer import graph_to_torch
+
+    b = GraphBuilder("cat")
+    x, y = b.input("x", (2, 3)), b.input("y", (2, 3))
+    with pytest.raises(KilnError, match=r"no torch mapping for op\(s\) concat of cat"):
+        graph_to_torch(b.build([b.concat([b.relu(x), y], axis=0)]))
