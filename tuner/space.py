@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from compiler.backends.sketch import Config, Knob
@@ -37,9 +35,3 @@ def config_from_params(space: list[Knob], params: dict[str, Any]) -> Config:
 def config_json(config: Config) -> str:
     """Canonical JSON of a config: the identity of a candidate across processes and the database."""
     return canonical_json(config)
-
-
-def space_signature(space: list[Knob]) -> str:
-    """A short hash of the knob space, so a study is never resumed against a different space."""
-    text = json.dumps([[k.name, list(k.values)] for k in space], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
