@@ -19,21 +19,17 @@ import pytest
 
 from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda, kernel_names
-from compiler.backends.cuda.nvrtc import KernelResources, error_message, nvcc_available, parse_ptxas
+from compiler.backends.cuda.nvrtc import KernelResources, error_message, parse_ptxas
 from compiler.build import kernel_for
 from compiler.errors import ScheduleError
 from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
 from compiler.passes import optimize
 from compiler.target import Target
+from tests.compiler.backends.cuda.util import need_nvcc
 
 CUDA = Target.cuda()
 SAMPLES = int(os.environ.get("KILN_NVCC_SAMPLES", "2"))  # legal non-default configs per unique group
-
-
-def need_nvcc() -> None:
-    if not nvcc_available():
-        pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
 
 
 @dataclass

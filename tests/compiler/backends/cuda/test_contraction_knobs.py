@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda
-from compiler.backends.cuda.nvrtc import nvcc_available, nvcc_check
+from compiler.backends.cuda.nvrtc import nvcc_check
 from compiler.backends.cuda.sketches.contraction import transposed_store_conflicts
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import fuse
 from compiler.loopir.stmt import Allocate, walk_stmts
 from compiler.passes import optimize
-from tests.compiler.backends.cuda.util import CUDA, PLAIN, check_group, lowered
+from tests.compiler.backends.cuda.util import CUDA, PLAIN, check_group, lowered, need_nvcc
 
 SMALL = {"bm": 32, "bn": 32, "bk": 8, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
 BIG = {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
@@ -143,8 +143,7 @@ def nvcc_resources(arch: str) -> dict:
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_contraction_kernels_compile_with_nvcc(arch):
-    if not nvcc_available():
-        pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
+    need_nvcc()
     res = nvcc_resources(arch)
     assert set(res) == {"gemm_plain", "gemm_pad4_occ2", "gemm_pad2_grouped", "gemm_small_occ4"}
     # __launch_bounds__(256, 2): ptxas keeps 2 x 256 threads within the 65536 registers of an SM

@@ -13,12 +13,12 @@ import pytest
 
 from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda
-from compiler.backends.cuda.nvrtc import nvcc_available, nvcc_check
+from compiler.backends.cuda.nvrtc import nvcc_check
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import fuse
 from compiler.passes import optimize
-from tests.compiler.backends.cuda.util import CUDA, check_group, lowered
+from tests.compiler.backends.cuda.util import CUDA, check_group, lowered, need_nvcc
 from tuner.measure.check import RTOL
 
 F16 = "float16"
@@ -121,8 +121,7 @@ def nvcc_resources(arch: str) -> dict:
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_float16_kernels_compile_with_nvcc(arch):
-    if not nvcc_available():
-        pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
+    need_nvcc()
     res = nvcc_resources(arch)
     assert {n.rsplit("_", 1)[0] for n in res} == set(graphs())
     assert all(r.spill_stores == 0 for r in res.values())

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiler.backends.cuda.codegen import generate_cuda
-from compiler.backends.cuda.nvrtc import nvcc_available, nvcc_check
+from compiler.backends.cuda.nvrtc import nvcc_check
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import fuse
@@ -24,7 +24,7 @@ from compiler.loopir.interp_simt_expr import fast_exp_model, fast_log_model
 from compiler.loopir.stmt import BufferStore, walk_stmts
 from compiler.passes import optimize
 from compiler.reference import run_reference
-from tests.compiler.backends.cuda.util import CUDA, check_group, lowered
+from tests.compiler.backends.cuda.util import CUDA, check_group, lowered, need_nvcc
 from tuner.measure.check import RTOL
 
 BASE = {"threads_per_row": 32, "rows_per_block": 2, "vector": 4, "keep_row": "registers", "unroll": 1}
@@ -165,8 +165,7 @@ def nvcc_resources(arch: str) -> dict:
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_memory_bound_kernels_compile_with_nvcc(arch):
-    if not nvcc_available():
-        pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
+    need_nvcc()
     res = nvcc_resources(arch)
     assert set(res) == {
         "softmax_fast0",

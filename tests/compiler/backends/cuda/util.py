@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from compiler.backends import sketch_for
 from compiler.backends.cuda.lower import lower_gpu_func
+from compiler.backends.cuda.nvrtc import nvcc_available
 from compiler.fusion import Group
 from compiler.loopir import evaluate
 from compiler.loopir.stmt import PrimFunc
@@ -14,6 +16,14 @@ from compiler.target import Target
 from tests.compiler.property_graphs import inputs_for
 
 CUDA = Target.cuda()
+
+
+def need_nvcc() -> None:
+    """Skip (saying why) when nvcc is not on PATH: the CUDA compile checks need the CUDA toolkit."""
+    if not nvcc_available():
+        pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
+
+
 PLAIN = {"min_blocks": 1, "smem_pad": 0, "group_m": 1}  # contraction knobs left at their plain values
 
 
