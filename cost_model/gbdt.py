@@ -80,6 +80,48 @@ class Forest:
             depth,
         )
 
+    @staticmethod
+    def from_lightgbm(booster: Any) -> Forest:
+        """Copy the trees of a trained LightGBM ``Booster`` (numerical splits only) from its JSON dump."""
+        feature, threshold, left, right, is_leaf, value, missing_left, roots = ([] for _ in range(8))
+        depth = 1
+
+        def add(node: dict, level: int) -> int:
+            nonlocal depth
+            depth = max(depth, level + 1)
+            i = len(feature)
+            for arr in (feature, threshold, left, right, is_leaf, value, missing_left):
+                arr.append(0)
+            if "leaf_value" in node:
+                is_leaf[i], value[i] = True, float(node["leaf_value"])
+                return i
+            if node.get("decision_type", "<=") != "<=":
+                raise ValueError("categorical splits are not supported")
+            feature[i], threshold[i] = int(node["split_feature"]), float(node["threshold"])
+            # LightGBM: a NaN goes the default way when missing_type is NaN, else it is read as 0.0
+            if node.get("missing_type") == "NaN":
+                missing_left[i] = bool(node["default_left"])
+            else:
+                missing_left[i] = threshold[i] >= 0.0
+            left[i] = add(node["left_child"], level + 1)
+            right[i] = add(node["right_child"], level + 1)
+            return i
+
+        for tree in booster.dump_model()["tree_info"]:
+            roots.append(add(tree["tree_structure"], 0))
+        return Forest(
+            np.asarray(roots, dtype=np.int64),
+            np.asarray(feature, dtype=np.int64),
+            np.asarray(threshold, dtype=np.float64),
+            np.asarray(left, dtype=np.int64),
+            np.asarray(right, dtype=np.int64),
+            np.asarray(is_leaf, dtype=bool),
+            np.asarray(value, dtype=np.float64),
+            np.asarray(missing_left, dtype=bool),
+            0.0,
+            depth,
+        )
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         n = len(x)
@@ -113,7 +155,7 @@ class Forest:
         return Forest(**fields, baseline=float(baseline), depth=int(depth))
 
 
-TARGETS = ("residual", "ratio")
+TARGETS = ("rank", "residual", "ratio")
 KIND_COLUMNS = [
     FEATURE_NAMES.index(f"wl_kind_{k}") for k in ("pointwise", "reduction", "contraction", "other")
 ]
@@ -141,6 +183,37 @@ def residual_labels(x: np.ndarray, latencies: np.ndarray, workloads: np.ndarray)
     return np.clip(r, -4.0, 4.0)
 
 
+def rank_grades(latencies: np.ndarray, workloads: np.ndarray, levels: int = 16, per_octave: float = 4.0):
+    """Relevance grades for learning to rank, per workload: ``levels - 1`` for its best latency, one grade
+    less per factor ``2 ** (1 / per_octave)`` slower (4 grades per 2x), at least 0; 0 for a failure."""
+    lat = np.asarray(latencies, dtype=np.float64)
+    wl = np.asarray(workloads)
+    ok = np.isfinite(lat) & (lat > 0)
+    g = np.zeros(len(lat), dtype=np.int64)
+    for w in np.unique(wl):
+        good = (wl == w) & ok
+        if good.any():
+            slower = np.log2(lat[good] / lat[good].min())
+            g[good] = np.clip(levels - 1 - np.round(per_octave * slower), 0, levels - 1)
+    return g
+
+
+CANDIDATE_COLUMNS = np.asarray([i for i, n in enumerate(FEATURE_NAMES) if not n.startswith("wl_")])
+
+
+def centered(x: np.ndarray, workloads: np.ndarray) -> np.ndarray:
+    """``x`` with the candidate columns (all but ``wl_*``) of each workload's rows minus their mean over
+    those rows, appended: what distinguishes a candidate from its workload's others, comparable across
+    workloads of different sizes."""
+    x = np.asarray(x, dtype=np.float64)
+    wl = np.asarray(workloads)
+    out = x[:, CANDIDATE_COLUMNS].copy()
+    for w in np.unique(wl):
+        sel = wl == w
+        out[sel] -= out[sel].mean(axis=0)
+    return np.concatenate([x, out], axis=1)
+
+
 def rank01(x: np.ndarray) -> np.ndarray:
     """Ranks scaled to [0, 1] (ties share the lower rank)."""
     if len(x) <= 1:
@@ -166,7 +239,9 @@ class GBDTModel(CostModel):
         prior_samples: float = 16.0,
         max_train: int = 6000,
         balance: bool = True,
-        target: str = "residual",
+        target: str = "rank",
+        prior_scale: float = 1.0,
+        center: bool = False,
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -182,6 +257,8 @@ class GBDTModel(CostModel):
         self.prior_samples = float(prior_samples)
         self.balance = balance
         self.target = target
+        self.prior_scale = float(prior_scale)
+        self.center = center
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.lat = np.zeros(0)
         self.wl: list[str] = []
@@ -191,7 +268,9 @@ class GBDTModel(CostModel):
         self.fits = 0
 
     # ----------------------------------------------------------------- data
-    def update(self, features: Any, latencies: Sequence[float], workloads: Sequence[str]) -> None:
+    def update(
+        self, features: Any, latencies: Sequence[float], workloads: Sequence[str], fit: bool = True
+    ) -> None:
         x = check_features(features)
         lat = np.asarray(latencies, dtype=np.float64).reshape(-1)
         if len(x) != len(lat) or len(lat) != len(workloads):
@@ -202,9 +281,16 @@ class GBDTModel(CostModel):
         self.lat = np.concatenate([self.lat, lat])
         self.wl += [str(w) for w in workloads]
         self.n_updates += len(lat)
+        if fit:
+            self.fit_if_due()
+
+    def fit_if_due(self) -> bool:
         due = self.min_fit if self.forest is None else self.n_fit + self.refit_every
-        if len(self.lat) >= due:
-            self.fit()
+        if len(self.lat) < due:
+            return False
+        fits = self.fits
+        self.fit()
+        return self.fits > fits
 
     @property
     def n_samples(self) -> int:
@@ -248,6 +334,9 @@ class GBDTModel(CostModel):
 
         rows = self._training_rows()
         wl = np.asarray(self.wl)[rows]
+        if self.target == "rank":
+            self._fit_rank(rows, wl)
+            return
         if self.target == "residual":
             y = residual_labels(self.x[rows], self.lat[rows], wl)
         else:
@@ -272,12 +361,51 @@ class GBDTModel(CostModel):
         self.kind_counts = np.bincount(kind_index(self.x), minlength=len(KIND_COLUMNS)).astype(np.float64)
         self.fits += 1
 
+    def _fit_rank(self, rows: np.ndarray, wl: np.ndarray) -> None:
+        """LambdaMART (LightGBM's ``lambdarank``, one query per workload) boosted from the analytic prior:
+        the prior's scores are the initial scores, so the trees learn only how to reorder what the prior
+        gets wrong, and they learn it from the order within each workload (never from absolute times)."""
+        import lightgbm as lgb
+
+        order = np.argsort(wl, kind="stable")
+        rows, wl = rows[order], wl[order]
+        _, sizes = np.unique(wl, return_counts=True)
+        y = rank_grades(self.lat[rows], wl)
+        if len(rows) < 2 or np.ptp(y) == 0:
+            return
+        x = self.x[rows].astype(np.float64)
+        init = -self.prior_scale * x[:, EST_INDEX]
+        if self.center:
+            x = centered(x, wl)
+        params = {
+            "objective": "lambdarank",
+            "learning_rate": self.params["learning_rate"],
+            "num_leaves": self.params["max_leaf_nodes"],
+            "min_data_in_leaf": int(np.clip(len(rows) // 40, 2, 20)),
+            "lambda_l2": 1.0,
+            "max_bin": 64,
+            "num_threads": 1,  # OpenMP threads on a loaded machine cost more than they save at this size
+            "deterministic": True,
+            "force_row_wise": True,
+            "seed": self.seed,
+            "verbose": -1,
+        }
+        data = lgb.Dataset(x, y, group=sizes, init_score=init, params={"max_bin": 64, "verbose": -1})
+        booster = lgb.train(params, data, num_boost_round=self.params["max_iter"])
+        self.forest = Forest.from_lightgbm(booster)
+        self.n_fit = len(self.lat)
+        self.kind_counts = np.bincount(kind_index(self.x), minlength=len(KIND_COLUMNS)).astype(np.float64)
+        self.fits += 1
+
     # ------------------------------------------------------------ predict
     def predict(self, features: Any) -> np.ndarray:
         x = check_features(features)
         prior = -x[:, EST_INDEX].astype(np.float64)
         if self.forest is None:
             return prior
+        if self.target == "rank":  # the trees reorder the prior, trusted as same-kind data accumulates
+            xt = centered(x, np.zeros(len(x))) if self.center else x  # the rows are one workload's pool
+            return self.prior_scale * prior + self.correction_weight(x) * self.forest.predict(xt)
         if self.target == "residual":  # the correction is trusted as same-kind data accumulates
             return prior - self.correction_weight(x) * self.forest.predict(x)
         raw = self.forest.predict(x)
@@ -304,6 +432,7 @@ class GBDTModel(CostModel):
             "max_train": self.max_train,
             "balance": self.balance,
             "target": self.target,
+            "prior_scale": self.prior_scale,
             "n_fit": self.n_fit,
             "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
@@ -333,6 +462,7 @@ class GBDTModel(CostModel):
             max_train=int(meta["max_train"]),
             balance=bool(meta.get("balance", True)),
             target=str(meta.get("target", "residual")),
+            prior_scale=float(meta.get("prior_scale", 1.0)),
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))

@@ -65,8 +65,15 @@ class CostModel(ABC):
         self.n_updates = 0  # measured candidates seen
 
     @abstractmethod
-    def update(self, features: Any, latencies: Sequence[float], workloads: Sequence[str]) -> None:
-        """Add measured candidates (nan/inf latency = failed) and retrain if worthwhile."""
+    def update(
+        self, features: Any, latencies: Sequence[float], workloads: Sequence[str], fit: bool = True
+    ) -> None:
+        """Add measured candidates (nan/inf latency = failed) and retrain if worthwhile; ``fit=False``: only
+        add them (the caller retrains later with :meth:`fit_if_due`, e.g. while candidates are measured)."""
+
+    def fit_if_due(self) -> bool:
+        """Retrain if enough data arrived since the last fit; returns whether it did (no-op by default)."""
+        return False
 
     @abstractmethod
     def predict(self, features: Any) -> np.ndarray:
@@ -124,7 +131,9 @@ class RandomModel(CostModel):
         self.seed = seed
         self.rng = np.random.default_rng(seed)
 
-    def update(self, features: Any, latencies: Sequence[float], workloads: Sequence[str]) -> None:
+    def update(
+        self, features: Any, latencies: Sequence[float], workloads: Sequence[str], fit: bool = True
+    ) -> None:
         self.n_updates += len(latencies)
 
     def predict(self, features: Any) -> np.ndarray:
@@ -146,7 +155,9 @@ class AnalyticModel(CostModel):
 
     kind = "analytic"
 
-    def update(self, features: Any, latencies: Sequence[float], workloads: Sequence[str]) -> None:
+    def update(
+        self, features: Any, latencies: Sequence[float], workloads: Sequence[str], fit: bool = True
+    ) -> None:
         self.n_updates += len(latencies)
 
     def predict(self, features: Any) -> np.ndarray:

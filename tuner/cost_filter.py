@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +81,7 @@ class CostFilter:
         keep_default: bool = True,
         extractor: FeatureExtractor | None = None,
         oversample: int = DEFAULT_OVERSAMPLE,
+        background: bool = True,
     ) -> None:
         if not 0.0 <= epsilon <= 1.0:
             raise KilnError(f"epsilon must be in [0, 1], got {epsilon}")
@@ -96,6 +98,10 @@ class CostFilter:
         self.keep_default = keep_default
         self.extractor = extractor or FeatureExtractor()
         self.groups = GroupCache(db)
+        self.background = background
+        self._job: threading.Thread | None = None
+        # workload -> proposals prepared in the background for the next round (features memoized)
+        self._next: dict[str, list[Config]] = {}
         self.seen: set[int] = set()  # record ids the model has learned from
         self._started = False
         self.stats: dict[str, float] = {
@@ -111,6 +117,8 @@ class CostFilter:
             "feature_s": 0.0,
             "learn_s": 0.0,
             "rank_s": 0.0,
+            "wait_s": 0.0,  # waiting for the background step at the start of a round
+            "background_s": 0.0,  # the background step (refit, next proposals), overlapping measurement
             "fallbacks": 0,
         }
         self._measured: dict[str, set[str]] = {}  # workload -> config JSON of its records (learn keeps it)
@@ -124,7 +132,8 @@ class CostFilter:
         task's workload); returns how many."""
         t0 = time.perf_counter()
         self.groups.put(task.workload_key, task.group)
-        if not self._started and self.warm_start:
+        first = not self._started
+        if first and self.warm_start:
             records = sample_per_workload(self.db.find_records(None, self.target.key), self.warm_limit)
             if len(records) > 500:
                 log.info("cost model: warm start from %d records of %s", len(records), self.target.key)
@@ -160,8 +169,9 @@ class CostFilter:
         feats = [v for _, v in fresh] + list(data.x)
         lats = [record_latency(r) for r, _ in fresh] + list(data.latencies)
         wls = [r.workload_key for r, _ in fresh] + data.workloads
-        if feats:
-            self.model.update(np.asarray(feats, dtype=np.float32), lats, wls)
+        if feats:  # in the background mode, refits happen in the background step (the first one here)
+            fit = not self.background or first
+            self.model.update(np.asarray(feats, dtype=np.float32), lats, wls, fit=fit)
         self.stats["learned"] += len(feats)
         self.stats["learn_s"] += time.perf_counter() - t0
         return len(feats)
@@ -185,6 +195,7 @@ class CostFilter:
 
     def __call__(self, task: Any, configs: list[Config], batch: int) -> list[Config]:
         self.stats["rounds"] += 1
+        self.wait()
         try:
             self.learn(task)
         except Exception:  # learning is an optimization: never stop tuning for it
@@ -203,6 +214,12 @@ class CostFilter:
             n_carry = batch * self.oversample - len(pool) - fresh_budget
             for key, c in list(carry.items())[len(carry) - n_carry :] if n_carry > 0 else []:
                 pool.setdefault(key, c)
+        for c in self._next.pop(task.workload_key, []):  # prepared while the last batch was measured
+            key = config_json(c)
+            if fresh_budget > 0 and key not in measured and key not in pool:
+                pool[key] = c
+                fresh_budget -= 1
+                self.stats["proposed"] += 1
         want = min(fresh_budget, batch * self.oversample - len(pool))
         if want > 0:
             best = [c for _, c in self._best.get(task.workload_key, [])]
@@ -229,7 +246,41 @@ class CostFilter:
             scores = np.asarray([self.rng.random() for _ in valid])
         picks = self.pick(task, valid, scores, batch)
         self.stats["rank_s"] += time.perf_counter() - t0
+        if self.background:
+            exclude = measured | {config_json(c) for c in picks} | set(carry)
+            self._job = threading.Thread(
+                target=self._prepare, args=(task, batch, exclude), name="kiln-cost-model", daemon=False
+            )
+            self._job.start()
         return picks
+
+    def wait(self) -> None:
+        """Wait for the background step of the last round (if any) to finish."""
+        if self._job is None:
+            return
+        t0 = time.perf_counter()
+        self._job.join()
+        self._job = None
+        self.stats["wait_s"] += time.perf_counter() - t0
+
+    def _prepare(self, task: Any, batch: int, exclude: set[str]) -> None:
+        """The background step, run while the round's picks are measured: refit the model on what it was
+        given (so a round ranks with the model fitted up to the round before the last), and propose and
+        featurize the next round's ``batch`` new candidates. Never raises (logged, like every model error)."""
+        t0 = time.perf_counter()
+        try:
+            self.model.fit_if_due()
+        except Exception:
+            log.exception("cost model: refitting failed; keeping the previous fit")
+            self.stats["fallbacks"] += 1
+        try:
+            best = [c for _, c in self._best.get(task.workload_key, [])]
+            proposals = propose(task, best, batch, self.rng, exclude=exclude)
+            self._next[task.workload_key] = self.features(task, proposals)[0]
+        except Exception:
+            log.exception("cost model: preparing the next proposals failed")
+            self.stats["fallbacks"] += 1
+        self.stats["background_s"] += time.perf_counter() - t0
 
     def pick(self, task: Any, valid: list[Config], scores: np.ndarray, batch: int) -> list[Config]:
         """Default (if asked), then the best scores, then ``epsilon`` random picks; ``batch`` in all."""
