@@ -1,27 +1,36 @@
-"""Gradient-boosted trees (scikit-learn's HistGradientBoostingRegressor) as a Kiln cost model.
+"""Gradient-boosted trees as a Kiln cost model: LightGBM's LambdaMART (default) or scikit-learn's
+HistGradientBoostingRegressor.
 
-Two targets, both normalized per workload so that one model learns from every workload of a target:
+Three targets, all normalized per workload so that one model learns from every workload of a target:
 
-- ``residual`` (default): the trees learn what the analytic roofline model gets wrong,
-  ``log2(latency) - est_log_cycles`` centered on the workload's median, and the score is the analytic
-  prior corrected by them. The correction of a candidate is weighted ``n / (n + prior_samples)`` where
-  ``n`` counts the training samples of *its kind* (pointwise, reduction, contraction, other: the
-  ``wl_kind_*`` features): what was learned on contractions transfers to a new contraction as soon as
-  there are some, but a pointwise candidate keeps the prior until pointwise data exists (the trees
-  learned from other kinds say little about it). With no data it *is* the analytic model; every
-  measurement refines it.
+- ``rank`` (default): learning to rank, one query per workload (LightGBM ``lambdarank``: pairwise
+  within a workload, weighted towards the top of the order as NDCG is, like TVM's XGBoost rank loss and
+  Ansor's), *boosted from the analytic prior*: the prior's scores (``-est_log_cycles``) are the initial
+  scores, so the trees only learn how to reorder what the roofline model gets wrong. Labels are grades
+  per workload (:func:`rank_grades`: 4 grades per 2x slower than the workload's best, failures 0).
+  With ``center`` (default) the trees also see each candidate's features minus its workload's mean
+  (:func:`centered`; at prediction, the mean of the rows ranked together, which are one workload's pool),
+  so "twice the L2 traffic of the others" means the same in a small and a large workload.
+- ``residual``: regression on what the analytic roofline model gets wrong,
+  ``log2(latency) - est_log_cycles`` centered on the workload's median; the score is the analytic prior
+  corrected by it.
 - ``ratio``: TVM's labels, ``best latency / latency`` (0 for a failed candidate); until
   ``trust_samples`` samples exist the prediction is blended, by rank, with the analytic model.
 
-In both, rows of workloads with few samples are repeated (up to 8x),
-so a new workload's first measurements are not drowned by a big workload's thousands. Retraining is
+For ``rank`` and ``residual`` the learned correction of a candidate is weighted ``n / (n + prior_samples)``
+where ``n`` counts the training samples of *its kind* (pointwise, reduction, contraction, other: the
+``wl_kind_*`` features): what was learned on contractions transfers to a new contraction as soon as there
+are some, but a pointwise candidate keeps the prior until pointwise data exists. With no data the model
+*is* the analytic model; every measurement refines it. For the regressions, rows of workloads with few
+samples are repeated (up to 8x), so a new workload's first measurements are not drowned by a big
+workload's thousands (LambdaMART's per-query normalization does this for ``rank``). Retraining is
 adaptive: a fit happens once ``min_fit`` samples exist and again whenever ``refit_every`` new samples
-arrived (every batch of ``kiln tune``), on at most ``max_train`` samples (per-workload quotas, best
-candidates kept first).
+arrived (every batch of ``kiln tune``; ``update(..., fit=False)`` + :meth:`GBDTModel.fit_if_due` let the
+search refit in the background), on at most ``max_train`` samples (per-workload quotas, best first).
 
-The fitted trees are copied out of scikit-learn into plain arrays (:class:`Forest`) and predictions always
-come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly the same, without
-pickle and without depending on scikit-learn's private classes staying the same.
+The fitted trees are copied out of LightGBM / scikit-learn into plain arrays (:class:`Forest`) and
+predictions always come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly
+the same, without pickle and without depending on either library's internals staying the same.
 """
 
 from __future__ import annotations
@@ -236,12 +245,13 @@ class GBDTModel(CostModel):
         min_fit: int = 8,
         refit_every: int = 8,
         trust_samples: int = 48,
-        prior_samples: float = 16.0,
+        prior_samples: float = 32.0,
         max_train: int = 6000,
         balance: bool = True,
         target: str = "rank",
         prior_scale: float = 1.0,
-        center: bool = False,
+        center: bool = True,
+        rank_objective: str = "lambdarank",
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -259,6 +269,7 @@ class GBDTModel(CostModel):
         self.target = target
         self.prior_scale = float(prior_scale)
         self.center = center
+        self.rank_objective = rank_objective
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.lat = np.zeros(0)
         self.wl: list[str] = []
@@ -378,7 +389,7 @@ class GBDTModel(CostModel):
         if self.center:
             x = centered(x, wl)
         params = {
-            "objective": "lambdarank",
+            "objective": self.rank_objective,
             "learning_rate": self.params["learning_rate"],
             "num_leaves": self.params["max_leaf_nodes"],
             "min_data_in_leaf": int(np.clip(len(rows) // 40, 2, 20)),
@@ -433,6 +444,8 @@ class GBDTModel(CostModel):
             "balance": self.balance,
             "target": self.target,
             "prior_scale": self.prior_scale,
+            "center": self.center,
+            "rank_objective": self.rank_objective,
             "n_fit": self.n_fit,
             "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
@@ -458,11 +471,13 @@ class GBDTModel(CostModel):
             min_fit=int(meta["min_fit"]),
             refit_every=int(meta["refit_every"]),
             trust_samples=int(meta["trust_samples"]),
-            prior_samples=float(meta.get("prior_samples", 16.0)),
+            prior_samples=float(meta.get("prior_samples", 32.0)),
             max_train=int(meta["max_train"]),
             balance=bool(meta.get("balance", True)),
             target=str(meta.get("target", "residual")),
             prior_scale=float(meta.get("prior_scale", 1.0)),
+            center=bool(meta.get("center", False)),
+            rank_objective=str(meta.get("rank_objective", "lambdarank")),
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))

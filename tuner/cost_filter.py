@@ -11,9 +11,8 @@ are memoized, so re-ranking them with the updated model is free) and adds only `
 features of a candidate (scheduling and lowering it) cost 10-40 ms, which for 64 new candidates per round
 would cost about as much as measuring the picks.
 The tuner measures them; asked configs it did not pick are told to Optuna as PRUNED, and picked proposals
-are added to the study as finished trials, so TPE learns from every measurement. Asking Optuna is the
-expensive part with database storage (one ask costs 50-300 ms through RDB storage on a loaded 2-core
-machine: TPE reads every trial), so the pool is widened locally instead of asking 8x more.
+are added to the study as finished trials, so TPE learns from every measurement. The pool is widened
+locally rather than by asking Optuna 8x more (proposals cost no sampler work).
 
 One round of :class:`CostFilter`:
 
@@ -28,6 +27,12 @@ One round of :class:`CostFilter`:
 4. Pick: the rule-based default (when asked, so tuning never ends worse than it), then the model's top
    scores, then ``max(1, round(epsilon * batch))`` random valid candidates (exploration: the model is
    wrong in places it has never measured).
+5. Background (``background=True``, the default): while the tuner measures the picks, a thread refits
+   the model on the data it was given (``update(..., fit=False)`` in step 1, so a round ranks with the fit
+   of one round earlier), featurizes the asked configs that were not featurized yet (from the second round
+   on they join the pool one round later instead of being featurized on the critical path) and proposes
+   and featurizes the next round's new candidates. The next round waits for it first (``stats["wait_s"]``).
+   Only the first round (and its warm start) featurizes and fits in line.
 
 Anything unexpected inside the model or the features is logged and the round falls back to random picks
 among valid candidates: the cost model must never stop a tuning run.
@@ -117,6 +122,7 @@ class CostFilter:
             "feature_s": 0.0,
             "learn_s": 0.0,
             "rank_s": 0.0,
+            "deferred": 0,  # asked configs featurized in the background, ranked from the next round
             "wait_s": 0.0,  # waiting for the background step at the start of a round
             "background_s": 0.0,  # the background step (refit, next proposals), overlapping measurement
             "fallbacks": 0,
@@ -205,6 +211,15 @@ class CostFilter:
         measured = self._measured.get(task.workload_key, set())
         pool = {config_json(c): c for c in configs if config_json(c) not in measured}
         self.stats["asked"] += len(pool)
+        later: list[Config] = []
+        if self.background and task.workload_key in self._next:
+            # asked configs not featurized yet are featurized in the background step and join the pool
+            # from the next round (told PRUNED now; picked later, they are added to the study then)
+            for key, c in list(pool.items()):
+                fkey = self.extractor.key(task.group, task.target, c, task.sketch.name)
+                if not self.extractor.peek(fkey)[0]:
+                    later.append(pool.pop(key))
+            self.stats["deferred"] += len(later)
         carry = self._carry.setdefault(task.workload_key, {})
         for key in [k for k in carry if k in measured]:
             del carry[key]
@@ -249,7 +264,7 @@ class CostFilter:
         if self.background:
             exclude = measured | {config_json(c) for c in picks} | set(carry)
             self._job = threading.Thread(
-                target=self._prepare, args=(task, batch, exclude), name="kiln-cost-model", daemon=False
+                target=self._prepare, args=(task, batch, exclude, later), name="kiln-cost-model", daemon=False
             )
             self._job.start()
         return picks
@@ -263,10 +278,11 @@ class CostFilter:
         self._job = None
         self.stats["wait_s"] += time.perf_counter() - t0
 
-    def _prepare(self, task: Any, batch: int, exclude: set[str]) -> None:
+    def _prepare(self, task: Any, batch: int, exclude: set[str], later: list[Config]) -> None:
         """The background step, run while the round's picks are measured: refit the model on what it was
-        given (so a round ranks with the model fitted up to the round before the last), and propose and
-        featurize the next round's ``batch`` new candidates. Never raises (logged, like every model error)."""
+        given (so a round ranks with the model fitted up to the round before the last), featurize the asked
+        configs deferred to the next round (``later``) and propose and featurize the next round's ``batch``
+        new candidates. Never raises (logged, like every model error)."""
         t0 = time.perf_counter()
         try:
             self.model.fit_if_due()
@@ -274,6 +290,8 @@ class CostFilter:
             log.exception("cost model: refitting failed; keeping the previous fit")
             self.stats["fallbacks"] += 1
         try:
+            carry = self._carry.setdefault(task.workload_key, {})
+            carry.update((config_json(c), c) for c in self.features(task, later)[0])
             best = [c for _, c in self._best.get(task.workload_key, [])]
             proposals = propose(task, best, batch, self.rng, exclude=exclude)
             self._next[task.workload_key] = self.features(task, proposals)[0]
