@@ -151,6 +151,29 @@ def test_tuning_with_the_cost_model_measures_only_valid_configs_and_learns(db):
     assert spearman(flt.model.predict(x), lat) > 0.5
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_refit_and_next_proposals_happen_in_the_background_while_measuring(db, background):
+    task = _task()
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    measurer = Measurer(builder="simulated", runner=SimulatedRunner(_latency), target=CPU)
+    flt, asks = make_candidate_filter("gbdt", db, CPU, seed=0, oversample=4, background=background)
+    tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, flt, asks)
+    tuner.step(8)  # the first round ranks with the prior; its 8 records are learned by the next call
+    tuner.step(8)
+    if background:  # learned without fitting; the fit runs (in a thread) while the batch is measured
+        flt.wait()
+        nxt = flt._next[task.workload_key]  # the next round's proposals, featurized already
+        assert nxt and all(
+            flt.extractor.peek(flt.extractor.key(task.group, task.target, c, task.sketch.name))[0] for c in nxt
+        )
+        assert flt.stats["background_s"] > 0
+    assert flt.model.fits == 1 and flt.model.n_fit == 8
+    tuner.step(8)
+    flt.wait()
+    assert flt.model.fits == 2 and tuner.state.measured == 24
+    assert (flt.stats["deferred"] > 0) == background  # asked configs featurized later join the next pool
+
+
 def test_warm_start_learns_other_workloads_records_and_caches_features(db):
     first, second = _task(32, 96, "a"), _task(64, 160, "b")
     db.commit_workload(first.workload_key, first.group.canonical(), first.kind, first.flops, first.bytes)
