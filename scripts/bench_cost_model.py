@@ -1169,7 +1169,9 @@ def run_all(args: argparse.Namespace) -> None:
     cpu_lines = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((ln.split(":", 1)[1].strip() for ln in cpu_lines if ln.startswith("model name")), "?")
     intro = INTRO.format(
-        command="python scripts/bench_cost_model.py " + shlex.join(sys.argv[1:]),
+        command=(f"KILN_CM_WORK={WORK} " if "KILN_CM_WORK" in os.environ else "")
+        + "python scripts/bench_cost_model.py "
+        + shlex.join(sys.argv[1:]),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         cpu=cpu,
         load=", ".join(f"{x:.1f}" for x in os.getloadavg()),
