@@ -804,8 +804,53 @@ def report(args: argparse.Namespace) -> None:
                     else "the interval includes 1, so the difference is not significant at this level)"
                 )
             )
+    _stricter_goals(runs, specs, methods, best, budget, args.resamples)
     cache.close()
     _plot_curves(runs, specs, methods, best, Path(args.out) / f"cost_model_curves{args.suffix}.png")
+
+
+def _stricter_goals(runs, specs, methods, best, budget: int, resamples: int) -> None:
+    """Not the issue's target: the same ratios for the goals 'within 2%' and 'within 1%' of the sub-space's
+    best, which the rule-based default does not reach on most sub-spaces (so the models' rankings beyond
+    the default show)."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    shown = [m for m in ("tpe+analytic", "tpe+gbdt", "tpe+gbdt-warm") if m in methods]
+    print(
+        "\nStricter goals (not the target; the default is within 5% of the best on most sub-spaces, where "
+        "every method ranking with the prior needs 1 trial): geometric mean over workloads of the ratio of "
+        "median trials to TPE's, bootstrap 90% interval; last column: cold GBDT / TPE + analytic directly.\n"
+    )
+    print("| goal | " + " | ".join(LABEL[m] for m in shown) + " | cold GBDT / TPE + analytic |")
+    print("|---|" + "---:|" * (len(shown) + 1))
+    for factor in (1.02, 1.01):
+        tt: dict[tuple[str, str], np.ndarray] = {}
+        for r in runs:
+            v = trials_to(r["latencies"], factor * best[r["workload"]])
+            tt.setdefault((r["workload"], r["method"]), []).append(v if v is not None else budget + 1)
+        cells = []
+        for m, base in [(m, "tpe") for m in shown] + [("tpe+gbdt", "tpe+analytic")]:
+            samples, pairs = [], []
+            for spec in specs:
+                if (spec, m) in tt and (spec, base) in tt:
+                    pairs.append((len(samples), len(samples) + 1))
+                    samples += [np.asarray(tt[(spec, m)], float), np.asarray(tt[(spec, base)], float)]
+            if not pairs:
+                cells.append("-")
+                continue
+            stat = geomean_ratio(samples, pairs)
+            ci = bootstrap(
+                samples,
+                stat,
+                n_resamples=resamples,
+                confidence_level=0.9,
+                method="percentile",
+                vectorized=False,
+                random_state=np.random.default_rng(0),
+            ).confidence_interval
+            cells.append(f"{stat(*samples):.2f} ({ci.low:.2f}-{ci.high:.2f})")
+        print(f"| within {round((factor - 1) * 100)}% | " + " | ".join(cells) + " |")
 
 
 def _plot_curves(runs, specs, methods, best, path: Path) -> None:
