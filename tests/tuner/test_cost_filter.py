@@ -164,7 +164,8 @@ def test_refit_and_next_proposals_happen_in_the_background_while_measuring(db, b
         flt.wait()
         nxt = flt._next[task.workload_key]  # the next round's proposals, featurized already
         assert nxt and all(
-            flt.extractor.peek(flt.extractor.key(task.group, task.target, c, task.sketch.name))[0] for c in nxt
+            flt.extractor.peek(flt.extractor.key(task.group, task.target, c, task.sketch.name))[0]
+            for c in nxt
         )
         assert flt.stats["background_s"] > 0
     assert flt.model.fits == 1 and flt.model.n_fit == 8
