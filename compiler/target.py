@@ -248,6 +248,18 @@ class Target:
         )
 
 
+def tf32_spec(spec: str, on: bool) -> str:
+    """A target spec (``cuda`` or a CUDA key, as the CLI's ``--target`` takes it) with TF32 math asked for
+    when ``on`` (``--tf32``): ``cuda`` -> ``cuda+tf32``, a key -> the key ending ``/tf32``."""
+    if not on or spec.endswith("/tf32") or spec == "cuda+tf32":
+        return spec
+    if spec == "cuda":
+        return "cuda+tf32"
+    if spec.startswith("cuda/"):
+        return spec + "/tf32"
+    raise KilnError(f"--tf32 is a CUDA math mode; target {spec!r} is not cuda")
+
+
 _CACHE_FIELDS = {("1", "Data"): "l1_bytes", ("2", "Unified"): "l2_bytes", ("3", "Unified"): "l3_bytes"}
 
 

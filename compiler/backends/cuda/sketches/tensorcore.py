@@ -340,14 +340,17 @@ class CudaTensorCoreSketch(Sketch):
     def default(self, group: Group, target: Target) -> Config:
         form = gemm_form(group, tf32=target.tf32)
         big = form.M >= 1024 and form.N >= 1024
+        # nvcc 13 -Xptxas -v (tests/compiler/backends/cuda/test_tensorcore.py -k nvcc -s): 128x128 with 2x4
+        # warps (64x32 warp tiles) 96 registers, 48 KiB shared; with 2x2 warps 205 registers. 64x64 tiles:
+        # padded rows (the XOR layout made ptxas spill 4 bytes on sm_80 at 3 stages)
         config = {
             "bm": 128 if big else 64,
             "bn": 128 if big else 64,
             "bk": 32,
             "warps_m": 2,
-            "warps_n": 2,
+            "warps_n": 4 if big else 2,
             "stages": 3,
-            "smem_layout": "xor",
+            "smem_layout": "xor" if big else "pad",
             "group_m": 8 if big and -(-form.M // 128) % 8 == 0 else 1,
             "min_blocks": 1,
         }
@@ -355,6 +358,13 @@ class CudaTensorCoreSketch(Sketch):
             ext = form.M if tile == "bm" else form.N
             while config[tile] > max(32, 1 << (ext - 1).bit_length()):
                 config[tile] //= 2
+        # small grids (BERT's 128 x 768 projections): halve the tiles until every SM gets a block
+        batch = _prod(form.batch)
+        while not big and batch * -(-form.M // config["bm"]) * -(-form.N // config["bn"]) < target.cores:
+            tile = "bm" if config["bm"] >= config["bn"] else "bn"
+            if config[tile] == 32:
+                break
+            config[tile] //= 2
         for tile, warps in (("bm", "warps_m"), ("bn", "warps_n")):
             while config[tile] // config[warps] < 16:
                 config[warps] //= 2

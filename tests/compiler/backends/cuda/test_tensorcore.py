@@ -1,0 +1,340 @@
+"""The tensor-core contraction sketch (``compiler/backends/cuda/sketches/tensorcore.py``) and the SIMT
+interpreter's tensor-core semantics (``compiler/loopir/interp_simt_tc.py``): every legal config computes
+the numpy reference (hypothesis), deliberately wrong lane mappings, a missing barrier or a missing
+``cp.async`` wait are caught, TF32 is opt-in and keyed, the shape rule, and nvcc ``-cubin`` for sm_80 and
+sm_90 (``-s`` prints the ptxas figures)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compiler.backends import sketch_for
+from compiler.backends.cuda.codegen import generate_cuda
+from compiler.backends.cuda.lower import lower_gpu_func
+from compiler.backends.cuda.nvrtc import nvcc_check
+from compiler.backends.cuda.sketches.tensorcore import CudaTensorCoreSketch, gemm_form
+from compiler.builder import GraphBuilder
+from compiler.errors import ScheduleError
+from compiler.fusion import fuse
+from compiler.loopir import evaluate
+from compiler.loopir.expr import Call, Var, const, substitute
+from compiler.loopir.interp import InterpError
+from compiler.loopir.interp_simt_tc import tf32_round
+from compiler.loopir.stmt import Barrier, Intrinsic, PrimFunc, SeqStmt, Stmt
+from compiler.loopir.visitor import post_order
+from compiler.passes import optimize
+from compiler.reference import run_reference
+from compiler.target import Target
+from tests.compiler.backends.cuda.util import CUDA, need_nvcc
+from tests.compiler.property_graphs import inputs_for
+from tuner.measure.check import RTOL, TF32_RTOL, compare
+
+F16 = "float16"
+TF32 = CUDA.with_tf32()
+RNG = np.random.RandomState(0)
+
+
+def _group(graph):
+    (group,) = [g for g in fuse(optimize(graph)).groups if not g.is_view]
+    return group
+
+
+def matmul(m: int, n: int, k: int, dtype: str = F16, ta: bool = False, tb: bool = False, epi: bool = True):
+    b = GraphBuilder(f"mm_{m}_{n}_{k}_{dtype}_{int(ta)}{int(tb)}")
+    a = b.input("a", (k, m) if ta else (m, k), dtype)
+    w = b.input("w", (n, k) if tb else (k, n), dtype)
+    y = b.matmul(a, w, transpose_a=ta, transpose_b=tb)
+    if epi:
+        y = b.relu(b.add(y, b.param("bias", np.linspace(-1, 1, n).astype(dtype))))
+    return _group(b.build([y]))
+
+
+def dense(m: int, n: int, k: int):
+    b = GraphBuilder(f"dense_{m}_{n}_{k}")
+    w = b.param("w", (RNG.randn(n, k) / 8).astype(np.float16))
+    y = b.linear(b.input("x", (m, k), F16), w, b.param("bias", np.linspace(-1, 1, n).astype(np.float16)))
+    return _group(b.build([y]))
+
+
+def batch_matmul(bs: int, m: int, n: int, k: int, tb: bool = False):
+    b = GraphBuilder(f"bmm_{bs}_{m}_{n}_{k}_{int(tb)}")
+    w = b.input("w", (bs, n, k) if tb else (bs, k, n), F16)
+    y = b.batch_matmul(b.input("a", (bs, m, k), F16), w, transpose_b=tb)
+    return _group(b.build([b.relu(y)]))
+
+
+GROUPS = {
+    "matmul_tail": lambda: matmul(40, 48, 24),  # M, N, K tails: zero-filled chunks, guarded stores
+    "matmul_ta": lambda: matmul(72, 40, 48, ta=True),  # A stored [k][m]: ldmatrix.trans
+    "matmul_multi_k": lambda: matmul(32, 32, 136, epi=False),  # several K tiles through the pipeline
+    "dense_bias": lambda: dense(72, 40, 64),  # B stored [n][k]: ldmatrix without .trans
+    "batch_matmul": lambda: batch_matmul(3, 40, 32, 56),
+    "batch_matmul_tb": lambda: batch_matmul(2, 32, 48, 40, tb=True),
+}
+_CACHE: dict = {}
+
+
+def group(name: str):
+    if name not in _CACHE:
+        _CACHE[name] = GROUPS[name]()
+    return _CACHE[name]
+
+
+def run(func: PrimFunc, grp, target: Target = CUDA) -> str | None:
+    """None when the interpreted kernel computes the reference within the tuner's check, else why not."""
+    ins = inputs_for(grp)
+    out = evaluate(func, ins)[0]
+    ref = np.asarray(run_reference(grp.subgraph, ins)[0])
+    return compare(out, ref, "out", target.tf32)
+
+
+def build(grp, config: dict, target: Target = CUDA) -> PrimFunc:
+    return lower_gpu_func(CudaTensorCoreSketch().build(grp, config, target).func)
+
+
+def space_configs(grp, target: Target = CUDA):
+    sketch = CudaTensorCoreSketch()
+    return st.fixed_dictionaries({k.name: st.sampled_from(k.values) for k in sketch.space(grp, target)})
+
+
+# ----------------------------------------------------------------------------- selection and the rule
+def test_the_sketch_takes_float16_gemms_and_leaves_the_rest():
+    for name in GROUPS:
+        assert sketch_for(group(name), CUDA).name == "tensorcore", name
+    assert sketch_for(matmul(40, 36, 24), CUDA).name == "contraction"  # B rows of 36 halves: no 16 B chunks
+    assert sketch_for(matmul(40, 48, 20), CUDA).name == "contraction"  # A rows of 20 halves
+    assert sketch_for(matmul(32, 32, 32, "float32"), CUDA).name == "contraction"  # exact fp32 by default
+    assert sketch_for(group("matmul_tail"), Target.cuda("sm_75", "Tesla T4")).name == "contraction"
+    with pytest.raises(ScheduleError, match="sm_80 or newer"):
+        sketch = CudaTensorCoreSketch()
+        grp = group("matmul_tail")
+        sketch.check(grp, sketch.default(grp, CUDA), Target.cuda("sm_75", "Tesla T4"))
+    with pytest.raises(ScheduleError, match="multiple of 8"):
+        gemm_form(matmul(40, 36, 24))
+
+
+def test_tf32_is_opt_in_and_part_of_the_target_key():
+    grp = matmul(48, 40, 64, "float32")
+    assert sketch_for(grp, CUDA).name == "contraction"
+    assert sketch_for(grp, TF32).name == "tensorcore"
+    assert TF32.key == CUDA.key + "/tf32" and Target.parse(TF32.key) == TF32
+    assert not CUDA.tf32 and Target.parse(CUDA.key) == CUDA
+    text = generate_cuda([build(grp, CudaTensorCoreSketch().default(grp, TF32), TF32)], TF32)
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in text and "cvt.rna.tf32.f32" in text
+    with pytest.raises(ScheduleError, match="TF32"):
+        CudaTensorCoreSketch().check(grp, CudaTensorCoreSketch().default(grp, TF32), CUDA)
+
+
+def test_tf32_round_is_round_to_nearest_ties_away():
+    one = np.float32(1.0)
+    ulp = np.float32(2.0**-10)  # TF32 spacing at 1
+    x = np.array([one + ulp / 2, -(one + ulp / 2), one + ulp / 4, one + 3 * ulp / 4, np.inf], np.float32)
+    assert list(tf32_round(x)) == [one + ulp, -(one + ulp), one, one + ulp, np.inf]
+
+
+# ----------------------------------------------------------------------------- every config is right
+@pytest.mark.parametrize("name", list(GROUPS))
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_legal_config_computes_the_reference(name, data):
+    grp = group(name)
+    config = data.draw(space_configs(grp))
+    try:
+        CudaTensorCoreSketch().check(grp, config, CUDA)
+    except ScheduleError:
+        return
+    assert run(build(grp, config), grp) is None, config
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_legal_tf32_config_computes_the_reference_within_the_tf32_tolerance(data):
+    grp = group_tf32()
+    config = data.draw(space_configs(grp, TF32))
+    try:
+        CudaTensorCoreSketch().check(grp, config, TF32)
+    except ScheduleError:
+        return
+    assert run(build(grp, config, TF32), grp, TF32) is None, config
+
+
+def group_tf32():
+    if "tf32" not in _CACHE:
+        _CACHE["tf32"] = matmul(40, 48, 36, "float32", ta=True)
+    return _CACHE["tf32"]
+
+
+def test_defaults_compute_the_reference():
+    for name in GROUPS:
+        grp = group(name)
+        assert run(build(grp, CudaTensorCoreSketch().default(grp, CUDA)), grp) is None, name
+    assert RTOL[F16] == 1e-2 and TF32_RTOL == 5e-3
+
+
+def test_grouped_order_and_a_deep_pipeline_over_many_tiles():
+    grp = matmul(256, 64, 96, epi=False)
+    config = {"bm": 32, "bn": 32, "bk": 16, "warps_m": 2, "warps_n": 1, "stages": 4}
+    config |= {"smem_layout": "pad", "group_m": 4, "min_blocks": 2}
+    func = build(grp, config)
+    assert func.attrs["launch"]["grid"] == [16, 1, 1]  # 8 block rows x 2 columns on one axis
+    assert func.attrs["min_blocks_per_sm"] == 2
+    assert run(func, grp) is None
+
+
+# ----------------------------------------------------------------------------- wrong schedules are caught
+SMALL = {"bm": 32, "bn": 32, "bk": 32, "warps_m": 1, "warps_n": 2, "stages": 3}
+SMALL |= {"smem_layout": "xor", "group_m": 1, "min_blocks": 1}
+
+
+def _mutate(func: PrimFunc, fn) -> PrimFunc:
+    return PrimFunc(func.name, func.params, post_order(func.body, fn), func.num_inputs, dict(func.attrs))
+
+
+def _lane_var(func: PrimFunc) -> Var:
+    from compiler.loopir.stmt import For, walk_stmts
+
+    return next(s.var for s in walk_stmts(func.body) if isinstance(s, For) and s.thread == "threadIdx.x")
+
+
+@pytest.mark.parametrize("name", ["matmul_ta", "dense_bias"])
+def test_a_wrong_ldmatrix_lane_mapping_gives_a_wrong_result(name):
+    """Lanes 0-7 and 8-15 swap their row addresses: matrices 0 and 1 of each ldmatrix.x4 trade places
+    (for A the row halves, for B the K halves), as a wrong fragment index in a schedule would."""
+    grp = group(name)
+    func = build(grp, SMALL)
+    assert run(func, grp) is None
+    tx = _lane_var(func)
+    swapped = Call("xor", (tx, const(8)), "int32")
+
+    def swap(s: Stmt) -> Stmt | None:
+        if isinstance(s, Intrinsic) and s.name == "ldmatrix":
+            off = substitute(s.offsets[1], {tx: swapped})
+            return Intrinsic(s.name, s.buffers, (s.offsets[0], off), s.args)
+        return None
+
+    problem = run(_mutate(func, swap), grp)
+    assert problem is not None and "max |error|" in problem
+
+
+def test_a_wrong_mma_fragment_offset_gives_a_wrong_result():
+    grp = group("dense_bias")
+    func = build(grp, SMALL)
+
+    def shift(s: Stmt) -> Stmt | None:  # B fragments of the next n8 tile (wrapped): the wrong columns
+        if isinstance(s, Intrinsic) and s.name.startswith("mma_"):
+            nb = s.buffers[2].shape[0]
+            ob = (s.offsets[2] + 4) % nb
+            return Intrinsic(s.name, s.buffers, (s.offsets[0], s.offsets[1], ob, s.offsets[3]), s.args)
+        return None
+
+    assert run(_mutate(func, shift), grp) is not None
+
+
+def test_a_missing_barrier_is_a_data_race():
+    grp = group("matmul_multi_k")
+    func = build(grp, SMALL)
+
+    def drop(s: Stmt) -> Stmt | None:
+        if isinstance(s, SeqStmt) and any(isinstance(x, Barrier) for x in s.stmts):
+            return SeqStmt([x for x in s.stmts if not isinstance(x, Barrier)])
+        return None
+
+    with pytest.raises(InterpError, match="data race"):
+        run(_mutate(func, drop), grp)
+
+
+def test_reading_a_tile_before_its_cp_async_wait_reads_stale_data():
+    grp = group("matmul_multi_k")
+    func = build(grp, SMALL)
+
+    def no_wait(s: Stmt) -> Stmt | None:  # wait for nothing: the tile being computed has not landed
+        if isinstance(s, Intrinsic) and s.name == "cp_async_wait":
+            return Intrinsic(s.name, (), (), (const(SMALL["stages"]),))
+        return None
+
+    problem = run(_mutate(func, no_wait), grp)
+    assert problem is not None
+
+
+def test_tf32_inputs_not_rounded_are_truncated_by_the_tensor_core():
+    """Dropping cvt.rna (the tensor core then truncates) still passes the TF32 check but differs from the
+    rounded result: the interpreter models the truncation."""
+    grp = group_tf32()
+    config = CudaTensorCoreSketch().default(grp, TF32)
+    func = build(grp, config, TF32)
+
+    def unrounded(s: Stmt) -> Stmt | None:
+        from compiler.loopir.stmt import BufferStore
+
+        if isinstance(s, BufferStore) and isinstance(s.value, Call) and s.value.name == "tf32_round":
+            return BufferStore(s.buffer, s.indices, s.value.args[0])
+        return None
+
+    ins = inputs_for(grp)
+    a, b = evaluate(func, ins)[0], evaluate(_mutate(func, unrounded), ins)[0]
+    assert not np.array_equal(a, b)
+
+
+def test_the_printed_kernel_uses_the_ptx_instructions():
+    grp = group("matmul_ta")
+    func = build(grp, SMALL)
+    func.name = "tc"
+    text = generate_cuda([func], CUDA)
+    for ptx in (
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+        "cp.async.cg.shared.global",
+        "cp.async.commit_group",
+        "cp.async.wait_group 1",
+        "unsigned afrag[",
+    ):
+        assert ptx in text, ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in generate_cuda(
+        [build(group("dense_bias"), SMALL)], CUDA
+    )
+
+
+# ----------------------------------------------------------------------------- nvcc
+def _nvcc_groups():
+    big = {
+        "gemm_4096": matmul(4096, 4096, 4096, epi=False),
+        "dense_bert": dense(128, 768, 768),
+        "bmm_tb": batch_matmul(12, 128, 128, 64, tb=True),
+    }
+    configs = []
+    for name, grp in big.items():
+        configs.append((name, grp, CudaTensorCoreSketch().default(grp, CUDA), CUDA))
+    grp = big["gemm_4096"]
+    alt = {"bm": 128, "bn": 256, "bk": 32, "warps_m": 2, "warps_n": 4, "stages": 4}
+    configs.append(
+        ("gemm_4096_pad_256", grp, alt | {"smem_layout": "pad", "group_m": 8, "min_blocks": 1}, CUDA)
+    )
+    f32 = matmul(4096, 4096, 4096, "float32", epi=False)
+    configs.append(("sgemm_4096_tf32", f32, CudaTensorCoreSketch().default(f32, TF32), TF32))
+    return configs
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_representative_configs_compile_with_nvcc(arch):
+    need_nvcc()
+    funcs, names = [], []
+    for name, grp, config, target in _nvcc_groups():
+        func = build(grp, config, target)
+        func.name = name
+        funcs.append(func)
+        names.append((name, config))
+    res = nvcc_check(generate_cuda(funcs, dataclasses.replace(CUDA, arch=arch)), arch)
+    for name, config in names:
+        r = res[name]
+        print(
+            f"{arch} {name} {config}: {r.registers} registers, {r.shared_bytes} B static smem, "
+            f"spills {r.spill_stores}/{r.spill_loads} B"
+        )
+        assert r.registers <= 255
+        if name in ("gemm_4096", "dense_bert", "bmm_tb"):  # defaults: no spills
+            assert r.spill_stores == 0 and r.spill_loads == 0, (name, r)
