@@ -7,6 +7,7 @@ sm_90 (``-s`` prints the ptxas figures)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -338,3 +339,44 @@ def test_representative_configs_compile_with_nvcc(arch):
         assert r.registers <= 255
         if name in ("gemm_4096", "dense_bert", "bmm_tb"):  # defaults: no spills
             assert r.spill_stores == 0 and r.spill_loads == 0, (name, r)
+
+
+# ----------------------------------------------------------------------------- cost model
+def test_tuning_a_float16_matmul_with_the_cost_filter_measures_valid_tensorcore_configs():
+    """The cost model's features read the tensor-core kernels (mma work, cp.async and ldmatrix copies):
+    a cost-filtered search over the tensor-core space runs and measures only legal configs."""
+    from cost_model.features import extract, lower_candidate
+    from db.database import TuningDatabase
+    from tuner.cost_filter import make_candidate_filter
+    from tuner.measure import Measurer
+    from tuner.measure.sim import SimulatedRunner
+    from tuner.search import TaskTuner
+    from tuner.task import extract_tasks
+
+    b = GraphBuilder("tc_tune")
+    b.build([b.matmul(b.input("a", (256, 128), F16), b.input("w", (128, 192), F16))])
+    (task,) = extract_tasks(
+        b.build([b.matmul(b.input("a", (256, 128), F16), b.input("w", (128, 192), F16))]), CUDA
+    )
+    assert task.sketch.name == "tensorcore"
+    default = task.default()
+    feats = extract(lower_candidate(task.group, default, CUDA), task.group, CUDA)
+    assert np.isfinite(feats).all()
+
+    def latency(_task, config) -> float:  # simulated: bigger warp tiles and deeper pipelines are faster
+        return 100.0 / (config["bm"] * config["bn"]) ** 0.5 + 4.0 / config["stages"] + config["bk"] / 64
+
+    with TuningDatabase.open("sqlite://") as db:
+        db.commit_target(CUDA.key, CUDA.to_json())
+        db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+        runner = SimulatedRunner(latency)
+        measurer = Measurer(builder="simulated", runner=runner, target=CUDA)
+        flt, asks = make_candidate_filter("gbdt", db, CUDA, seed=0, epsilon=0.125, oversample=4)
+        tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, flt, asks)
+        for _ in range(2):
+            assert tuner.step(6) <= 6
+        records = db.find_records(task.workload_key, CUDA.key)
+    assert records and all(r.status == "ok" for r in records), [r.error for r in records]
+    assert len(runner.history) >= 6
+    for _, config in runner.history:  # (task, canonical JSON of the config)
+        CudaTensorCoreSketch().check(task.group, json.loads(config), CUDA)
