@@ -272,6 +272,9 @@ class CudaTensorCoreSketch(Sketch):
     version = 1
     kinds = ("contraction",)
 
+    def __init__(self) -> None:
+        self._shapes: dict[tuple[str, bool], _Shape] = {}
+
     def applies(self, group: Group) -> bool:
         return self.applies_to(group, None)
 
@@ -285,6 +288,17 @@ class CudaTensorCoreSketch(Sketch):
         except ScheduleError:
             return False
         return True
+
+    def _shape(self, group: Group, target: Target) -> _Shape:
+        """The GEMM's extents and element type (memoized by workload key and math mode: ``check`` runs
+        for every sampled config)."""
+        key = (group.workload_key, target.tf32)
+        if key not in self._shapes:
+            if len(self._shapes) > 4096:
+                self._shapes.clear()
+            f = gemm_form(group, tf32=target.tf32)
+            self._shapes[key] = _Shape(f.M, f.N, f.K, tuple(f.batch), f.mma.dtype, _smem_factors(f))
+        return self._shapes[key]
 
     def space(self, group: Group, target: Target) -> list[Knob]:
         return [
@@ -306,7 +320,7 @@ class CudaTensorCoreSketch(Sketch):
             raise ScheduleError(
                 f"tensorcore: mma.sync with ldmatrix/cp.async needs sm_80 or newer, not {target.arch}"
             )
-        form = gemm_form(group, tf32=target.tf32)
+        form = self._shape(group, target)
         bm, bn = config["bm"], config["bn"]
         wm, wn = bm // config["warps_m"], bn // config["warps_n"]
         if bm % config["warps_m"] or wm % 16 or bn % config["warps_n"] or wn % 16:
@@ -338,7 +352,7 @@ class CudaTensorCoreSketch(Sketch):
             raise ScheduleError(f"tensorcore: group_m {g} does not divide the {-(-form.M // bm)} block rows")
 
     def default(self, group: Group, target: Target) -> Config:
-        form = gemm_form(group, tf32=target.tf32)
+        form = self._shape(group, target)
         big = form.M >= 1024 and form.N >= 1024
         # nvcc 13 -Xptxas -v (tests/compiler/backends/cuda/test_tensorcore.py -k nvcc -s): 128x128 with 2x4
         # warps (64x32 warp tiles) 96 registers, 48 KiB shared; with 2x2 warps 205 registers. 64x64 tiles:
@@ -359,7 +373,7 @@ class CudaTensorCoreSketch(Sketch):
             while config[tile] > max(32, 1 << (ext - 1).bit_length()):
                 config[tile] //= 2
         # small grids (BERT's 128 x 768 projections): halve the tiles until every SM gets a block
-        batch = _prod(form.batch)
+        batch = _prod(list(form.batch))
         while not big and batch * -(-form.M // config["bm"]) * -(-form.N // config["bn"]) < target.cores:
             tile = "bm" if config["bm"] >= config["bn"] else "bn"
             if config[tile] == 32:
@@ -383,6 +397,20 @@ class CudaTensorCoreSketch(Sketch):
         return Schedule(func)
 
 
+@dataclass(frozen=True)
+class _Shape:
+    M: int
+    N: int
+    K: int
+    batch: tuple[int, ...]
+    dtype: str
+    k_contig: tuple[bool, bool]  # A's and B's innermost axis is K
+
+
+def _smem_factors(form: GemmForm) -> tuple[bool, bool]:
+    return form.a.k_contig, form.b.k_contig
+
+
 def _tile_geometry(form: GemmForm, op: Operand, mn_tile: int, bk: int, layout: str) -> tuple[int, int, int]:
     """(rows, row length, padded row length) of an operand's shared tile, in elements."""
     elems = CHUNK_BYTES // _itemsize(form)
@@ -394,12 +422,13 @@ def _itemsize(form: GemmForm) -> int:
     return 2 if form.mma.dtype == "float16" else 4
 
 
-def _smem_bytes(form: GemmForm, config: Config) -> int:
+def _smem_bytes(shape: _Shape, config: Config) -> int:
+    item = 2 if shape.dtype == "float16" else 4
     total = 0
-    for op, tile in ((form.a, config["bm"]), (form.b, config["bn"])):
-        rows, _, padded = _tile_geometry(form, op, tile, config["bk"], config["smem_layout"])
-        total += rows * padded
-    return total * config["stages"] * _itemsize(form)
+    for k_contig, tile in zip(shape.k_contig, (config["bm"], config["bn"])):
+        rows, length = (tile, config["bk"]) if k_contig else (config["bk"], tile)
+        total += rows * (length + (CHUNK_BYTES // item if config["smem_layout"] == "pad" else 0))
+    return total * config["stages"] * item
 
 
 class _Kernel:
