@@ -424,3 +424,71 @@ def test_kiln_compile_tf32_keys_the_model_and_uses_tensor_cores(tmp_path, monkey
     assert manifest["target"]["key"] == TF32.key
     assert "mma.sync.aligned.m16n8k8" in (tmp_path / "t" / "model.cu").read_text()
     assert "mma.sync" not in (tmp_path / "f" / "model.cu").read_text()
+
+
+# ----------------------------------------------------------------------------- layouts and banks
+def test_fragment_layouts_match_the_ptx_isa_tables():
+    """Spot checks copied from the PTX ISA's figures (mma.m16n8k16 .f16 and mma.m16n8k8 .tf32)."""
+    from compiler.loopir.interp_simt_tc import a_coords, b_coords, c_coords
+
+    lane = np.array([5])  # groupID 1, threadID_in_group 1
+    assert [tuple(int(x[0]) for x in a_coords("m16n8k16", i, lane)) for i in range(8)] == [
+        (1, 2), (1, 3), (9, 2), (9, 3), (1, 10), (1, 11), (9, 10), (9, 11)
+    ]  # fmt: skip
+    assert [tuple(int(x[0]) for x in b_coords("m16n8k16", i, lane)) for i in range(4)] == [
+        (2, 1), (3, 1), (10, 1), (11, 1)
+    ]  # fmt: skip
+    assert [tuple(int(x[0]) for x in c_coords(i, lane)) for i in range(4)] == [(1, 2), (1, 3), (9, 2), (9, 3)]
+    assert [tuple(int(x[0]) for x in a_coords("m16n8k8", i, lane)) for i in range(4)] == [
+        (1, 1), (9, 1), (1, 5), (9, 5)
+    ]  # fmt: skip
+    assert [tuple(int(x[0]) for x in b_coords("m16n8k8", i, lane)) for i in range(2)] == [(1, 1), (5, 1)]
+
+
+def _value(e, env: dict) -> int:
+    from compiler.loopir.expr import Binary, Const
+
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return env.get(e.name, 0)
+    if isinstance(e, Call) and e.name == "xor":
+        return _value(e.args[0], env) ^ _value(e.args[1], env)
+    assert isinstance(e, Binary), e
+    a, b = _value(e.a, env), _value(e.b, env)
+    ops = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "//": int.__floordiv__, "%": int.__mod__}
+    return ops[e.op](a, b)
+
+
+def _phase_banks(func: PrimFunc, name: str, k: int, width_bytes: int, lanes: int) -> list[int]:
+    """For each ``name`` intrinsic (operand ``k``, a float16 shared tile) and each group of ``lanes`` lanes:
+    the most 4-byte words any bank serves (1 = conflict-free) for warp 0 of block 0."""
+    from compiler.loopir.stmt import walk_stmts
+
+    worst = []
+    for s in walk_stmts(func.body):
+        if isinstance(s, Intrinsic) and s.name == name:
+            for first in range(0, 32, lanes):
+                banks: dict[int, set[int]] = {}
+                for lane in range(first, first + lanes):
+                    byte = 2 * _value(s.offsets[k], {"tx": lane})
+                    for w in range(width_bytes // 4):
+                        word = byte // 4 + w
+                        banks.setdefault(word % 32, set()).add(word)
+                worst.append(max(len(v) for v in banks.values()))
+    return worst
+
+
+@pytest.mark.parametrize("layout", ["pad", "xor"])
+@pytest.mark.parametrize("name", ["matmul_ta", "dense_bias", "matmul_large_tiles"])
+def test_bank_conflicts_of_ldmatrix_phases_and_cp_async_stores(name, layout):
+    """ldmatrix (8 lanes give the 8 rows of 16 bytes read in one phase) is conflict-free with both layouts;
+    cp.async stores (a quarter warp writes 8 x 16 bytes) are conflict-free with the XOR layout and up to
+    2-way with padded rows (a quarter warp's chunks span rows whose 16-byte pads shift the banks)."""
+    grp = group(name)
+    for bk in (16, 32, 64):
+        config = {**SMALL, "bm": 64, "bn": 32, "bk": bk, "warps_m": 2, "warps_n": 1, "smem_layout": layout}
+        func = build(grp, config)
+        assert set(_phase_banks(func, "ldmatrix", 1, 16, 8)) == {1}, (config, "ldmatrix")
+        ways = set(_phase_banks(func, "cp_async", 0, 16, 8))
+        assert ways == {1} if layout == "xor" else max(ways) <= 2, (config, "cp.async", ways)
