@@ -50,9 +50,10 @@ Kernel (block tile bm x bn, ``warps_m x warps_n`` warps, warp tile wm x wn, ``st
           for kk in bk / 16:  ldmatrix A, B fragments ; mma for each (mi, ni)
         epilogue per accumulator element: out[m, n] = epi(acc)  (guarded at the M/N edges)
 
-Knobs: ``bm``, ``bn``, ``bk``, ``warps_m``, ``warps_n``, ``stages`` (2..4), ``smem_layout`` (``pad``: rows
-padded by 16 bytes, ``xor``: chunk index XOR row; both keep ``ldmatrix`` phases bank-conflict-free, ``xor`` also
-the cp.async chunk stores, ``pad`` leaves them up to 2-way), ``group_m`` (grouped block order), ``min_blocks`` (``__launch_bounds__``).
+Knobs: ``bm``, ``bn``, ``bk``, ``warps_m``, ``warps_n``, ``stages`` (2..4), ``smem_layout`` (``pad``:
+rows padded by 16 bytes, ``xor``: chunk index XOR row; both keep ``ldmatrix`` phases bank-conflict-free,
+``xor`` also the cp.async chunk stores, ``pad`` leaves them up to 2-way), ``group_m`` (grouped block
+order), ``min_blocks`` (``__launch_bounds__``).
 """
 
 from __future__ import annotations
