@@ -61,6 +61,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.backends import group_analysis as G
+from compiler.backends.cuda.sketches.contraction import threads_per_sm
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
@@ -344,7 +345,7 @@ class CudaTensorCoreSketch(Sketch):
         if smem > target.max_shared_bytes_optin:
             raise ScheduleError(f"tensorcore: {smem} bytes of shared memory exceed the device limit")
         blocks = config["min_blocks"]
-        if threads * blocks > 2048 or smem * blocks > target.max_shared_bytes_optin + 1024:
+        if threads * blocks > threads_per_sm(target) or smem * blocks > target.max_shared_bytes_optin + 1024:
             raise ScheduleError(
                 f"tensorcore: min_blocks {blocks} does not fit an SM ({threads} threads, {smem} B)"
             )
