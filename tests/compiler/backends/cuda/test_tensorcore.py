@@ -32,6 +32,7 @@ from compiler.loopir.visitor import post_order
 from compiler.passes import optimize
 from compiler.reference import run_reference
 from compiler.target import Target
+from tests.compiler.backends.cuda.test_cuda_executor import fake_gpu, register  # noqa: F401
 from tests.compiler.backends.cuda.util import CUDA, need_nvcc
 from tests.compiler.property_graphs import inputs_for
 from tuner.measure.check import RTOL, TF32_RTOL, compare
@@ -492,3 +493,23 @@ def test_bank_conflicts_of_ldmatrix_phases_and_cp_async_stores(name, layout):
         assert set(_phase_banks(func, "ldmatrix", 1, 16, 8)) == {1}, (config, "ldmatrix")
         ways = set(_phase_banks(func, "cp_async", 0, 16, 8))
         assert ways == {1} if layout == "xor" else max(ways) <= 2, (config, "cp.async", ways)
+
+
+# ----------------------------------------------------------------------------- executor
+def test_a_float16_model_runs_on_the_fake_gpu_through_the_tensor_cores(fake_gpu):  # noqa: F811
+    """compile() -> CudaCompiledModel on the fake CuPy, whose kernels run in the SIMT interpreter: the
+    tensor-core kernel (with its dynamic or static shared tiles) and a SIMT softmax after it."""
+    from compiler.build import compile as kiln_compile
+    from compiler.reference import random_inputs
+
+    b = GraphBuilder("tc_model")
+    w = b.param("w", (RNG.randn(64, 96) / 8).astype(np.float16))
+    h = b.relu(b.add(b.matmul(b.input("x", (48, 64), F16), w), b.param("bias", np.zeros(96, np.float16))))
+    graph = b.build([b.softmax(h, axis=-1)])
+    model = kiln_compile(graph, "cuda")
+    assert model.kernels[0].sketch == "tensorcore"
+    register(graph, model.target)
+    inputs = random_inputs(graph, seed=0)
+    (out,) = model.run(inputs)
+    (ref,) = run_reference(graph, inputs)
+    assert compare(np.asarray(out), np.asarray(ref), "out") is None
