@@ -58,6 +58,7 @@ order), ``min_blocks`` (``__launch_bounds__``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from compiler.backends import group_analysis as G
@@ -80,6 +81,7 @@ from compiler.loopir.expr import (
     replace_buffer_loads,
     select,
     substitute,
+    walk,
 )
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import (
@@ -262,8 +264,6 @@ def gemm_form(group: Group, tf32: bool = False) -> GemmForm:
 
 
 def _walk_loads(e: Expr) -> list[Load]:
-    from compiler.loopir.expr import walk
-
     return [x for x in walk(e) if isinstance(x, Load)]
 
 
@@ -680,10 +680,7 @@ def _commit() -> Stmt:
 
 
 def _prod(xs: list[int]) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
+    return math.prod(xs)
 
 
 __all__ = ["CudaTensorCoreSketch", "GemmForm", "MMA", "gemm_form", "min_arch"]
