@@ -425,6 +425,8 @@ def test_kiln_compile_tf32_keys_the_model_and_uses_tensor_cores(tmp_path, monkey
     assert manifest["target"]["key"] == TF32.key
     assert "mma.sync.aligned.m16n8k8" in (tmp_path / "t" / "model.cu").read_text()
     assert "mma.sync" not in (tmp_path / "f" / "model.cu").read_text()
+    assert main(["show", "--model", "matmul", "--stage", "code", "--target", "cuda", "--tf32"]) == 0
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- layouts and banks
