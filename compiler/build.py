@@ -95,7 +95,7 @@ def kernel_for(
     """Schedule and lower one group for ``target`` with ``config`` (or the sketch's default), using the
     sketch called ``sketch_name`` (or the one ``target``'s backend picks for the group)."""
     backend = get_backend(target)
-    sketch = backend.get_sketch(sketch_name) if sketch_name else backend.sketch_for(group)
+    sketch = backend.get_sketch(sketch_name) if sketch_name else backend.sketch_for(group, target)
     if config is None:
         config, origin = sketch.default(group, target), "default"
     try:

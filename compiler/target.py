@@ -68,7 +68,20 @@ class Target:
         """The stable identity records are stored under (see the module docstring)."""
         if self.kind == "cpu":
             return f"cpu/{self.arch}/{self.device}/{self.isa}/{self.cores}"
-        return f"{self.kind}/{self.arch}/{self.device}"
+        return f"{self.kind}/{self.arch}/{self.device}" + ("/tf32" if self.tf32 else "")
+
+    @property
+    def tf32(self) -> bool:
+        """Whether float32 matmuls may run on TF32 tensor cores (opt-in: ``with_tf32()``, ``--tf32``; part
+        of the key, so TF32 records never apply to an exact-fp32 compile)."""
+        return "tf32" in self.features
+
+    def with_tf32(self, on: bool = True) -> Target:
+        """This CUDA target with the TF32 math mode on (or off)."""
+        if self.kind != "cuda" and on:
+            raise KilnError(f"TF32 is a CUDA math mode; target {self.key} is {self.kind}")
+        rest = tuple(f for f in self.features if f != "tf32")
+        return replace(self, features=rest + (("tf32",) if on else ()))
 
     @property
     def isa(self) -> str:
@@ -202,7 +215,8 @@ class Target:
 
     @staticmethod
     def parse(spec: str | Target | None) -> Target:
-        """``cpu`` (this host), ``cuda`` (the current GPU, or sm_90 without one), or a full key."""
+        """``cpu`` (this host), ``cuda`` (the current GPU, or sm_90 without one), ``cuda+tf32`` (the same
+        with TF32 float32 matmuls), or a full key (a CUDA key ending ``/tf32`` has TF32 on)."""
         if isinstance(spec, Target):
             return spec
         if spec in (None, "cpu", "llvm", "c"):
@@ -223,11 +237,27 @@ class Target:
             else:  # an older key without the ISA level
                 device, width = "/".join(parts[2:-1]), 16
             return Target("cpu", parts[1], device, int(parts[-1]), vector_bytes=width)
+        if spec == "cuda+tf32":
+            return Target.parse("cuda").with_tf32()
+        if parts[0] == "cuda" and len(parts) == 4 and parts[3] == "tf32":
+            return Target.cuda(parts[1], parts[2]).with_tf32()
         if parts[0] == "cuda" and len(parts) == 3:
             return Target.cuda(parts[1], parts[2])
         raise KilnError(
             f"unknown target {spec!r}: use 'cpu', 'cuda' or a target key like {Target.host().key!r}"
         )
+
+
+def tf32_spec(spec: str, on: bool) -> str:
+    """A target spec (``cuda`` or a CUDA key, as the CLI's ``--target`` takes it) with TF32 math asked for
+    when ``on`` (``--tf32``): ``cuda`` -> ``cuda+tf32``, a key -> the key ending ``/tf32``."""
+    if not on or spec.endswith("/tf32") or spec == "cuda+tf32":
+        return spec
+    if spec == "cuda":
+        return "cuda+tf32"
+    if spec.startswith("cuda/"):
+        return spec + "/tf32"
+    raise KilnError(f"--tf32 is a CUDA math mode; target {spec!r} is not cuda")
 
 
 _CACHE_FIELDS = {("1", "Data"): "l1_bytes", ("2", "Unified"): "l2_bytes", ("3", "Unified"): "l3_bytes"}

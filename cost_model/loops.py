@@ -40,6 +40,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    Intrinsic,
     PrimFunc,
     SeqStmt,
     Stmt,
@@ -222,8 +223,42 @@ def _walk(s: Stmt, loops: list[Loop], guards: int, guard_vars: frozenset[int], i
         info.stores.append(_store_info(s, tuple(loops), guards, guard_vars))
     elif isinstance(s, Barrier):
         info.barriers += math.prod(x.extent for x in loops if x.kind != "thread")
+    elif isinstance(s, Intrinsic) and s.buffers:  # (cp.async commit/wait: bookkeeping, no access)
+        info.stores.append(_intrinsic_info(s, tuple(loops), guards, guard_vars))
     elif isinstance(s, Evaluate):
         pass
+
+
+# float operations per lane of one warp-level mma (2 M N K / 32)
+MMA_FLOPS = {"mma_m16n8k16": 2 * 16 * 8 * 16 // 32, "mma_m16n8k8_tf32": 2 * 16 * 8 * 8 // 32}
+TENSOR_CORE_SPEEDUP = 8.0  # an mma's float work in "simple op" units: tensor cores vs the FP32 pipes
+
+
+def _flat(buf: Buffer) -> Buffer:
+    """``buf`` seen as one flat axis (intrinsics address their operands by flat offset)."""
+    return Buffer(buf.name, (max(1, buf.numel),), buf.dtype, buf.scope, buf.uid)
+
+
+def _intrinsic_info(
+    s: Intrinsic, loops: tuple[Loop, ...], guards: int, guard_vars: frozenset[int]
+) -> StoreInfo:
+    """A tensor-core intrinsic as the store it amounts to: ``cp_async`` / ``ldmatrix`` copy an element of
+    their source to their destination (per thread: 16 bytes / one fragment register, counted as one
+    access), an ``mma`` accumulates ``A * B`` into its fragment with its float work per lane (scaled by
+    the tensor cores' throughput); commit/wait are bookkeeping."""
+    if s.name in MMA_FLOPS:
+        d, a, b, _ = (_flat(x) for x in s.buffers)
+        od, oa, ob, _ = s.offsets
+        value = Binary("+", Load(d, (od,)), Binary("*", Load(a, (oa,)), Load(b, (ob,)), "float32"), "float32")
+        st = _store_info(BufferStore(d, (od,), value), loops, guards, guard_vars)
+        st.flops = MMA_FLOPS[s.name]
+        st.ops = MMA_FLOPS[s.name] / TENSOR_CORE_SPEEDUP
+        st.intrinsics += 1
+        return st
+    dst, src = (_flat(x) for x in s.buffers)
+    st = _store_info(BufferStore(dst, (s.offsets[0],), Load(src, (s.offsets[1],))), loops, guards, guard_vars)
+    st.intrinsics += 1
+    return st
 
 
 def _vars(e: Expr) -> list[Var]:

@@ -5,7 +5,12 @@ bandwidth (bytes read + written), cuBLAS SGEMM (TF32 off), TF32 and FP16 GEMM 40
 
 Workloads: memory-bound groups at shapes far larger than the L2 (softmax 8192x8192 and 1024x65536,
 layernorm / rmsnorm / bias+GELU 16384x4096: 256 MiB per operand against the H100's 50 MB L2), SGEMM 4096^3,
-and the built-in models named by --models.
+the tensor-core GEMMs 4096^3 (``hgemm_4096``: float16 in and out, Kiln's tensor-core sketch vs cuBLAS FP16;
+``tf32_gemm_4096``: float32 compiled for ``cuda+tf32`` vs cuBLAS TF32, torch with TF32 allowed for that
+workload only), and the built-in models named by --models.
+
+The GEMMs' reference is float32 ``a @ b`` of the same inputs (numpy has no fast float16 matmul), checked
+with the tuner's tolerance for the output type (float16 1e-2, TF32 5e-3; others ``CHECK_TOL``).
 
 Every contender's outputs are checked against the numpy reference before it is timed. Two times per
 contender, both medians over ``--rounds`` rounds run in rotated order (A B C, B C A, ...):
@@ -56,7 +61,14 @@ MEMORY_BOUND = {  # name -> (builder kind, shape): each operand is 256 MiB, far 
     "bias_gelu_16384x4096": ("bias_gelu", (16384, 4096)),
 }
 GEMM = 4096
-TARGETS = {"memory": ("copy_gbs", 0.90), "matmul_4096": ("sgemm_tflops", 0.90)}  # the issue's targets
+TARGETS = {  # the issue's targets
+    "memory": ("copy_gbs", 0.90),
+    "matmul_4096": ("sgemm_tflops", 0.90),
+    "hgemm_4096": ("fp16_tflops", 0.80),
+    "tf32_gemm_4096": ("tf32_tflops", 0.80),
+}
+TF32_WORKLOADS = {"tf32_gemm_4096"}  # compiled for cuda+tf32; torch runs them with TF32 allowed
+GEMM_DTYPES = {f"matmul_{GEMM}": "float32", "hgemm_4096": "float16", "tf32_gemm_4096": "float32"}
 CHECK_TOL = 2e-3  # max |err| / max(1, max |ref|) for a contender to be timed
 L2_FLUSH_FACTOR = 2
 
@@ -88,11 +100,37 @@ def workloads(models: list[str]) -> dict[str, Any]:
     from compiler.frontend.models import get_model
 
     out = {name: memory_bound_graph(name, kind, shape) for name, (kind, shape) in MEMORY_BOUND.items()}
-    b = GraphBuilder(f"matmul_{GEMM}")
-    out[b.name] = b.build([b.matmul(b.input("a", (GEMM, GEMM)), b.input("b", (GEMM, GEMM)))])
+    for name, dtype in GEMM_DTYPES.items():
+        b = GraphBuilder(name)
+        out[name] = b.build([b.matmul(b.input("a", (GEMM, GEMM), dtype), b.input("b", (GEMM, GEMM), dtype))])
     for n in models:
         out[n] = get_model(n)
     return out
+
+
+def target_spec(name: str) -> str:
+    """The Kiln target a workload is compiled for: ``cuda+tf32`` for the TF32 GEMM, else ``cuda``."""
+    return "cuda+tf32" if name in TF32_WORKLOADS else "cuda"
+
+
+def check_tol(name: str, graph) -> float:
+    """The relative tolerance a contender's outputs must meet: the tuner's for float16 and TF32 outputs."""
+    from tuner.measure.check import rtol_for
+
+    dtype = graph.outputs[0].dtype
+    if name in TF32_WORKLOADS or dtype != "float32":
+        return max(CHECK_TOL, rtol_for(dtype, name in TF32_WORKLOADS))
+    return CHECK_TOL
+
+
+def reference(name: str, graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The outputs to check against: float32 ``a @ b`` for the GEMMs, else the numpy reference."""
+    if name in GEMM_DTYPES:
+        a, b = (np.asarray(inputs[v.name], np.float32) for v in graph.inputs)
+        return [(a @ b).astype(graph.outputs[0].dtype)]
+    from compiler.reference import run_reference
+
+    return [np.asarray(r) for r in run_reference(graph, list(inputs.values()))]
 
 
 def traffic_bytes(graph) -> int:
@@ -272,18 +310,18 @@ def ceilings(clock: Clock) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------- contenders (GPU)
-def kiln_contenders(graph, inputs: dict[str, np.ndarray], db) -> dict[str, Any]:
+def kiln_contenders(graph, inputs: dict[str, np.ndarray], db, target: str = "cuda") -> dict[str, Any]:
     """name -> callable (or Failed): Kiln default and tuned, plain and as a CUDA Graph over its own input
-    buffers (filled once)."""
+    buffers (filled once), compiled for ``target`` (``cuda`` or ``cuda+tf32``)."""
     import cupy as cp
 
     from compiler.build import compile as kiln_compile
     from tuner.api import compile as tuned_compile
 
     dev = {k: cp.asarray(v) for k, v in inputs.items()}
-    builds = {"kiln": lambda: kiln_compile(graph, "cuda")}
+    builds = {"kiln": lambda: kiln_compile(graph, target)}
     if db is not None:
-        builds["kiln tuned"] = lambda: tuned_compile(graph, "cuda", db=db)
+        builds["kiln tuned"] = lambda: tuned_compile(graph, target, db=db)
     out: dict[str, Any] = {}
     for label, build in builds.items():
         model = attempt("build", build)
@@ -301,14 +339,17 @@ def kiln_contenders(graph, inputs: dict[str, np.ndarray], db) -> dict[str, Any]:
     return out
 
 
-def torch_contenders(graph, inputs: dict[str, np.ndarray], modes: list[str]) -> dict[str, Any]:
-    """torch eager and torch.compile in each mode (TF32 off), or Failed for what cannot be built."""
+def torch_contenders(
+    graph, inputs: dict[str, np.ndarray], modes: list[str], tf32: bool = False
+) -> dict[str, Any]:
+    """torch eager and torch.compile in each mode (TF32 as ``tf32`` says: off but for the TF32 GEMM), or
+    Failed for what cannot be built."""
     import torch
 
     from tuner.bench.torch_peer import graph_to_torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     fn = graph_to_torch(params_as_inputs(graph))
     args = [torch.from_numpy(np.ascontiguousarray(inputs[v.name])).cuda() for v in graph.inputs]
     args += [torch.from_numpy(np.ascontiguousarray(p.data)).cuda() for p in graph.params]
@@ -347,8 +388,11 @@ def host_outputs(result) -> list[np.ndarray]:
     return out
 
 
-def checked(contenders: dict[str, Any], want: list[np.ndarray]) -> tuple[dict[str, Callable], dict]:
-    """(contenders that compute ``want``, name -> Failed or max relative error for every contender)."""
+def checked(
+    contenders: dict[str, Any], want: list[np.ndarray], tol: float = CHECK_TOL
+) -> tuple[dict[str, Callable], dict]:
+    """(contenders that compute ``want`` within ``tol``, name -> Failed or max relative error for every
+    contender)."""
     ok, notes = {}, {}
     for name, fn in contenders.items():
         if isinstance(fn, Failed):
@@ -359,8 +403,8 @@ def checked(contenders: dict[str, Any], want: list[np.ndarray]) -> tuple[dict[st
             notes[name] = got
             continue
         err = max_rel_err(got, want)
-        if not err <= CHECK_TOL:
-            notes[name] = Failed("check", f"max rel err {err:.2e} > {CHECK_TOL:g}")
+        if not err <= tol:
+            notes[name] = Failed("check", f"max rel err {err:.2e} > {tol:g}")
             continue
         ok[name], notes[name] = fn, err
     return ok, notes
@@ -522,12 +566,13 @@ def dry_run(graphs: dict[str, Any], db) -> None:
 
     for name, graph in graphs.items():
         t0 = time.perf_counter()
-        model = kiln_compile(graph, "cuda")
+        model = kiln_compile(graph, target_spec(name))
         kernels = sum(len(v) for v in model.kernel_launches.values())
-        note = ""
+        sketches = sorted({k.sketch for k in model.kernels if getattr(k, "sketch", None)})
+        note = f", sketches {', '.join(sketches)}" if sketches else ""
         if db is not None:
-            tuned = tuned_compile(graph, "cuda", db=db)
-            note = (
+            tuned = tuned_compile(graph, target_spec(name), db=db)
+            note += (
                 f", {sum(1 for k in tuned.kernels if k.extra.get('origin') == 'record')} kernels from records"
             )
         took = time.perf_counter() - t0
@@ -536,7 +581,7 @@ def dry_run(graphs: dict[str, Any], db) -> None:
 
 def run(args: argparse.Namespace, db) -> int:
     from compiler.backends.cuda.device import current_cuda_target, why_unavailable
-    from compiler.reference import random_inputs, run_reference
+    from compiler.reference import random_inputs
 
     graphs = selected(args)
     reason = why_unavailable()
@@ -555,9 +600,13 @@ def run(args: argparse.Namespace, db) -> int:
     modes = [m for m in args.compile_modes if m != "none"]
     for name, graph in graphs.items():
         inputs = dict(zip((v.name for v in graph.inputs), random_inputs(graph, seed=0)))
-        want = [np.asarray(r) for r in run_reference(graph, list(inputs.values()))]
-        contenders = {**kiln_contenders(graph, inputs, db), **attempt_torch(graph, inputs, modes)}
-        ok, notes = checked(contenders, want)
+        want = reference(name, graph, inputs)
+        tf32 = name in TF32_WORKLOADS
+        contenders = {
+            **kiln_contenders(graph, inputs, db, target_spec(name)),
+            **attempt_torch(graph, inputs, modes, tf32),
+        }
+        ok, notes = checked(contenders, want, check_tol(name, graph))
         timed = time_contenders(clock, ok, args.iters, args.rounds)
         results = {k: timed.get(k, notes[k]) for k in contenders}
         for k, v in results.items():
@@ -575,8 +624,10 @@ def run(args: argparse.Namespace, db) -> int:
     return 0
 
 
-def attempt_torch(graph, inputs: dict[str, np.ndarray], modes: list[str]) -> dict[str, Any]:
-    res = attempt("build", lambda: torch_contenders(graph, inputs, modes))
+def attempt_torch(
+    graph, inputs: dict[str, np.ndarray], modes: list[str], tf32: bool = False
+) -> dict[str, Any]:
+    res = attempt("build", lambda: torch_contenders(graph, inputs, modes, tf32))
     return {"torch eager": res} if isinstance(res, Failed) else res
 
 

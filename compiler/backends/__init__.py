@@ -40,7 +40,7 @@ def get_backend(target: Target | str) -> Backend:
 
 def sketch_for(group: Group, target: Target) -> Sketch:
     """The sketch that schedules ``group`` on ``target``."""
-    return get_backend(target).sketch_for(group)
+    return get_backend(target).sketch_for(group, target)
 
 
 def get_sketch(name: str, target: Target) -> Sketch:

@@ -81,10 +81,11 @@ class Backend(ABC):
     def compiled_model_class(self) -> type[CompiledModel]: ...
 
     # ------------------------------------------------------------------ sketches
-    def sketch_for(self, group: Group) -> Sketch:
-        """The first sketch of this backend that schedules ``group``."""
+    def sketch_for(self, group: Group, target: Target | None = None) -> Sketch:
+        """The first sketch of this backend that schedules ``group`` (on ``target`` when given: some
+        sketches apply only to some architectures or math modes)."""
         for s in self.sketches():
-            if s.applies(group):
+            if s.applies_to(group, target):
                 return s
         raise KilnError(f"{self.name}: no sketch schedules group {group.name} of kind {group.kind}")
 

@@ -62,6 +62,11 @@ class Sketch(ABC):
     def applies(self, group: Group) -> bool:
         return group.kind in self.kinds
 
+    def applies_to(self, group: Group, target: Target | None) -> bool:
+        """Whether the sketch schedules ``group`` on ``target`` (None: on some target of its backend);
+        sketches whose use depends on the target (architecture, math mode) override it."""
+        return self.applies(group)
+
     @abstractmethod
     def space(self, group: Group, target: Target) -> list[Knob]: ...
 

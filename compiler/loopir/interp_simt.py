@@ -13,7 +13,9 @@ statement, hence at every barrier). Values are numpy arrays over the active thre
   kernel arguments;
 * ``warp_reduce_sum/max/min(value, width)`` combines the value over each aligned group of ``width``
   lanes of a warp (lane = linear thread index % 32) with the xor butterfly CUDA's ``__shfl_xor_sync``
-  performs; every lane of a group must be active.
+  performs; every lane of a group must be active;
+* :class:`~compiler.loopir.stmt.Intrinsic` statements (tensor cores: ``mma``, ``ldmatrix``, ``cp.async``)
+  run with the PTX ISA's semantics and fragment layouts: ``compiler.loopir.interp_simt_tc``.
 
 What would be undefined on a GPU raises :class:`~compiler.loopir.interp.InterpError`: out-of-bounds
 accesses, a ``__syncthreads()`` not reached by every thread of the block, a warp reduce with inactive
@@ -44,6 +46,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    Intrinsic,
     LetStmt,
     SeqStmt,
     Stmt,
@@ -88,6 +91,8 @@ class _Ctx:
         self.block = launch.blocks
         launch.blocks += 1
         self.epoch = 0
+        self.cp_open: list = []  # cp.async copies issued since the last commit (interp_simt_tc)
+        self.cp_groups: list[list] = []  # committed groups not yet waited for, oldest first
 
     def where(self) -> str:
         return f"block {self.block}"
@@ -191,6 +196,10 @@ def _stmt(s: Stmt) -> Fn:
     if isinstance(s, Evaluate):
         fn = _expr(s.expr)
         return lambda ctx, act: (fn(ctx, act) if len(act) else None, None)[1]
+    if isinstance(s, Intrinsic):
+        from compiler.loopir.interp_simt_tc import compile_intrinsic
+
+        return compile_intrinsic(s)
     if isinstance(s, LetStmt):
         raise _err(f"cannot interpret the let-binding of {s.var.name}: " + SCALAR_ONLY)
     if isinstance(s, Block):

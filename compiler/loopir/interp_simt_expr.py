@@ -132,6 +132,9 @@ def _expr(e: Expr) -> Fn:
     if isinstance(e, Call):
         if e.name.startswith("warp_reduce_"):
             return _warp_reduce(e)
+        if e.name in TC_CALLS:
+            f, args = TC_CALLS[e.name], [_expr(a) for a in e.args]
+            return lambda ctx, act: f(*(np.asarray(a(ctx, act)) for a in args))
         fn = _math(e.name, e.dtype)
         args = [_expr(a) for a in e.args]
         return lambda ctx, act: fn(*(np.asarray(a(ctx, act)) for a in args))
@@ -340,6 +343,20 @@ def fast_log_model(x: Any) -> np.ndarray:
 FAST_MATH_MODELS: dict[str, Callable[[Any], np.ndarray]] = {
     "fast_exp": fast_exp_model,
     "fast_log": fast_log_model,
+}
+
+
+def _tf32_round(x: np.ndarray) -> np.ndarray:
+    from compiler.loopir.interp_simt_tc import tf32_round
+
+    return tf32_round(x)
+
+
+# index and conversion intrinsics of the tensor-core sketch: ``xor(a, b)`` (int ``^``, XOR-swizzled shared
+# tiles) and ``tf32_round(x)`` (``cvt.rna.tf32.f32``)
+TC_CALLS: dict[str, Callable[..., Any]] = {
+    "xor": lambda a, b: np.bitwise_xor(a.astype(np.int64), b.astype(np.int64)),
+    "tf32_round": _tf32_round,
 }
 
 

@@ -40,6 +40,7 @@ from compiler.loopir.stmt import (
     Evaluate,
     For,
     IfThenElse,
+    Intrinsic,
     LetStmt,
     PrimFunc,
     SeqStmt,
@@ -161,6 +162,10 @@ def _lines(s: Stmt, depth: int, out: list[str]) -> None:
         _lines(s.body, depth, out)
     elif isinstance(s, Evaluate):
         out.append(pad + expr_str(s.expr))
+    elif isinstance(s, Intrinsic):
+        ops = ", ".join(f"{b.name}+{expr_str(o)}" for b, o in zip(s.buffers, s.offsets))
+        args = "".join(f", {expr_str(a)}" for a in s.args)
+        out.append(f"{pad}{s.name}({ops}{args})")
     elif isinstance(s, Barrier):
         out.append(pad + "__syncthreads()")
     else:

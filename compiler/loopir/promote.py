@@ -26,7 +26,7 @@ from compiler.errors import CompileError
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import Const, Expr, Load, Var, const, free_vars, substitute
 from compiler.loopir.simplify import Ranges, flat_index
-from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, Stmt, seq
+from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, Intrinsic, Stmt, seq, walk_stmts
 from compiler.loopir.visitor import StmtExprVisitor, StmtMutator, StmtVisitor, substitute_stmt, with_body
 
 PROMOTE = "promote"  # Allocate annotation: lanes per register variable of a promoted buffer
@@ -81,6 +81,8 @@ class _Promote(ScopedMutator):
         self.vectorizable = vectorizable
 
     def visit_Allocate(self, s: Allocate) -> Stmt:
+        if any(isinstance(x, Intrinsic) and s.buffer in x.buffers for x in walk_stmts(s.body)):
+            return super().visit_Allocate(s)  # an intrinsic's fragment: addressed by offset, stays an array
         decision = analyze(s, self.ranges, self.promoted, self.vectorizable)
         if decision is None:
             return super().visit_Allocate(s)

@@ -143,6 +143,21 @@ class Evaluate(Stmt):
 
 
 @dataclass(eq=False, repr=False)
+class Intrinsic(Stmt):
+    """A target operation on buffer elements, with semantics defined by name (the tensor-core sketch's
+    warp-level operations; ``compiler.loopir.interp_simt_tc`` runs them, the CUDA printer prints them
+    as inline PTX). ``buffers[i]`` is addressed from the flat element ``offsets[i]`` (per thread);
+    ``args`` are scalar operands (e.g. a cp.async predicate). Warp-collective ones (``ldmatrix``,
+    ``mma``) are executed by all 32 lanes of a warp together; their ``local`` buffers are fragments:
+    each lane's registers, laid out as the PTX ISA says for the operation."""
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    offsets: tuple[Expr, ...]
+    args: tuple[Expr, ...] = ()
+
+
+@dataclass(eq=False, repr=False)
 class Barrier(Stmt):
     """All threads of a block wait here (``__syncthreads()``); a no-op on the CPU."""
 
@@ -199,6 +214,8 @@ def stmt_exprs(s: Stmt) -> list[Expr]:
         return [s.expr]
     if isinstance(s, LetStmt):
         return [s.value]
+    if isinstance(s, Intrinsic):
+        return [*s.offsets, *s.args]
     if isinstance(s, Block):
         return list(s.bindings) if s.predicate is None else [*s.bindings, s.predicate]
     return []
@@ -226,6 +243,9 @@ def rebuild_stmt(s: Stmt, kids: list[Stmt], exprs: list[Expr]) -> Stmt:
         return Evaluate(exprs[0])
     if isinstance(s, LetStmt):
         return LetStmt(s.var, exprs[0], kids[0])
+    if isinstance(s, Intrinsic):
+        n = len(s.offsets)
+        return Intrinsic(s.name, s.buffers, tuple(exprs[:n]), tuple(exprs[n:]))
     if isinstance(s, Block):
         n = len(s.bindings)
         return Block(

@@ -173,3 +173,32 @@ def test_dry_run_builds_the_selected_workloads(monkeypatch, capsys):
     assert "softmax_1024x65536: 1 kernels" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown workload"):
         B.selected(argparse.Namespace(models=[], only=["nope"]))
+
+
+def test_tensor_core_gemms_are_compiled_for_their_math_mode_and_checked_at_its_tolerance():
+    from compiler.builder import GraphBuilder
+
+    assert B.TARGETS["hgemm_4096"] == ("fp16_tflops", 0.80) and B.TARGETS["tf32_gemm_4096"] == (
+        "tf32_tflops",
+        0.80,
+    )
+    assert B.target_spec("tf32_gemm_4096") == "cuda+tf32" and B.target_spec("hgemm_4096") == "cuda"
+    b = GraphBuilder("hgemm_4096")
+    small = b.build([b.matmul(b.input("a", (8, 16), "float16"), b.input("b", (16, 8), "float16"))])
+    inputs = {"a": np.ones((8, 16), np.float16), "b": np.full((16, 8), 0.5, np.float16)}
+    (want,) = B.reference("hgemm_4096", small, inputs)
+    assert want.dtype == np.float16 and (want == 8).all()
+    assert B.check_tol("hgemm_4096", small) == 1e-2
+    assert B.check_tol("tf32_gemm_4096", small) == 1e-2  # a float16 output: its own tolerance
+    b32 = GraphBuilder("tf32_gemm_4096")
+    g32 = b32.build([b32.matmul(b32.input("a", (8, 16)), b32.input("b", (16, 8)))])
+    assert B.check_tol("tf32_gemm_4096", g32) == 5e-3 and B.check_tol("matmul_4096", g32) == B.CHECK_TOL
+
+
+def test_dry_run_builds_the_tensor_core_gemms_with_the_tensorcore_sketch(monkeypatch, capsys):
+    monkeypatch.setenv("KILN_DISABLE_CUPY", "1")
+    args = argparse.Namespace(models=[], only=["hgemm_4096", "tf32_gemm_4096"], dry_run=True, db=None)
+    assert B.run(args, None) == 0
+    out = capsys.readouterr().out
+    assert "hgemm_4096: 1 kernels" in out and "tf32_gemm_4096: 1 kernels" in out
+    assert out.count("sketches tensorcore") == 2

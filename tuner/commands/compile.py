@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 from compiler.errors import KilnError
+from compiler.target import tf32_spec
 from tuner.commands.common import (
     DEFAULT_DB_HELP,
     add_model_arg,
@@ -36,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_arg(p)
     p.add_argument("--target", default="cpu", help="cpu (this host), cuda, or a full target key")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="cuda: float32 matmuls may use TF32 tensor cores (10-bit mantissas; part of the target key)",
+    )
     p.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="directory to write the compiled model to"
     )
@@ -72,7 +78,7 @@ def run_compile(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         if args.db or args.use_db:  # read only: a database that does not exist is an error, not created
             db = stack.enter_context(open_database(args, create=False))
-        model = kiln_compile(graph, args.target, db=db)
+        model = kiln_compile(graph, tf32_spec(args.target, args.tf32), db=db)
     # what `kiln run --check` needs to rebuild the reference: the model name or ONNX path and its shapes
     model.meta["model_source"] = args.model
     model.meta["input_shapes"] = {k: list(v) for k, v in parse_input_shapes(args.input_shape).items()}

@@ -9,6 +9,7 @@ from compiler.backends import get_backend
 from compiler.build import plan_model
 from compiler.fusion import fuse
 from compiler.passes import optimize
+from compiler.target import tf32_spec
 from tuner.commands.common import add_model_arg, load_model_arg
 
 # stage name -> function(graph, args) -> text, in pipeline order
@@ -107,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     p.add_argument("--stage", choices=list(STAGES), default="graph")
     p.add_argument("--target", default="cpu", help="target for loopir/code stages (cpu or cuda)")
+    p.add_argument("--tf32", action="store_true", help="cuda: float32 matmuls may use TF32 tensor cores")
     p.add_argument("--group", type=int, default=None, help="only this group (index) for per-group stages")
     p.add_argument(
         "--db",
@@ -118,5 +120,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.target = tf32_spec(args.target, args.tf32)
     print(STAGES[args.stage](load_model_arg(args, check_memory=False), args))
     return 0

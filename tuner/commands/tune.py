@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compiler.errors import KilnError
+from compiler.target import tf32_spec
 from tuner.commands.common import add_model_arg, load_model_arg, positive_int, print_table
 from tuner.progress import COLUMNS, task_rows
 from tuner.scheduler import Budget
@@ -35,6 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_arg(p)
     p.add_argument("--target", default="cpu", help="cpu (this host) or cuda")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="cuda: float32 matmuls may use TF32 tensor cores (10-bit mantissas; part of the target key)",
+    )
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--trials", type=int, help="total measured candidates across tasks")
     budget.add_argument(
@@ -111,7 +117,7 @@ def run_tune(args: argparse.Namespace) -> int:
     as_json = args.format == "json"
     summary = tune(
         load_model_arg(args),
-        args.target,
+        tf32_spec(args.target, args.tf32),
         args.db,
         Budget(args.trials, seconds, args.trials_per_task),
         tasks=args.tasks,

@@ -27,6 +27,18 @@ POISON = {  # bit patterns written into outputs before the verification run
     "float16": np.array([0x7E5A], np.uint16).view(np.float16)[0],
 }
 RTOL = {"float32": 1e-4, "float16": 1e-2, "float64": 1e-9}
+# float32 outputs of a target with TF32 math (``Target.tf32``): inputs rounded to 10 mantissa bits
+# (unit roundoff 2^-11 ~ 4.9e-4 per operand), float32 accumulation; 5e-3 x max(1, max|ref|) leaves room
+# for the sqrt(K) growth of the rounding error over K terms (K = 4096: ~64 x 1e-3 x |a||b| against a
+# reference of ~64 |a||b|, i.e. ~1e-3 of max|ref|) and still fails a wrong fragment or a missing tile
+TF32_RTOL = 5e-3
+
+
+def rtol_for(dtype: str, tf32: bool = False) -> float:
+    """The relative tolerance of a ``dtype`` output (float32 on a TF32 target: :data:`TF32_RTOL`)."""
+    if tf32 and dtype == "float32":
+        return TF32_RTOL
+    return RTOL.get(dtype, 1e-4)
 
 
 @dataclass
@@ -64,9 +76,10 @@ def task_data(task: Any, seed: int = 0) -> TaskData:
     return TaskData(task.workload_key, inputs, refs, names, out_names, task_seed)
 
 
-def compare(out: np.ndarray, ref: np.ndarray, name: str) -> str | None:
+def compare(out: np.ndarray, ref: np.ndarray, name: str, tf32: bool = False) -> str | None:
     """None if ``out`` matches ``ref`` (floats: max|err| <= rtol * max(1, max|ref|), NaN where the reference
-    is NaN; other dtypes: exactly), else a message with the largest error and where it is."""
+    is NaN; other dtypes: exactly), else a message with the largest error and where it is. ``tf32``: the
+    candidate ran with TF32 math (:func:`rtol_for`)."""
     if ref.dtype.kind != "f":
         flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
         if ref.dtype == np.bool_:  # compare the bytes: a poisoned bool (0xA5) is neither true nor false
@@ -101,7 +114,7 @@ def compare(out: np.ndarray, ref: np.ndarray, name: str) -> str | None:
     with np.errstate(all="ignore"):
         err = np.abs(np.where(finite, o - r, 0.0))
     scale = max(1.0, float(np.abs(r[finite]).max()))
-    rtol = RTOL.get(ref.dtype.name, 1e-4)
+    rtol = rtol_for(ref.dtype.name, tf32)
     k = int(err.argmax())
     if not err[k] <= rtol * scale:  # also catches inf - finite
         at = list(map(int, np.unravel_index(k, ref.shape))) if ref.shape else []

@@ -14,13 +14,15 @@ from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.backends.cuda.sketches.contraction import CudaContractionSketch
 from compiler.backends.cuda.sketches.pointwise import CudaPointwiseSketch, copy_func
 from compiler.backends.cuda.sketches.reduction import CudaReductionSketch
+from compiler.backends.cuda.sketches.tensorcore import CudaTensorCoreSketch
 from compiler.loopir.stmt import PrimFunc
 from compiler.target import Target
 
 
 class CudaBackend(Backend):
     name = "cuda"
-    sketch_classes = (CudaPointwiseSketch, CudaReductionSketch, CudaContractionSketch)
+    # the tensor-core sketch takes the GEMMs it applies to (float16, or float32 with TF32 on sm_80+)
+    sketch_classes = (CudaPointwiseSketch, CudaReductionSketch, CudaTensorCoreSketch, CudaContractionSketch)
 
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
         return lower_gpu_func(func, unroll)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from compiler import dtypes
+from compiler.backends.cuda import codegen_tc
 from compiler.backends.cuda import lower as lower_cuda
 from compiler.backends.cuda.prelude import render_prelude
 from compiler.backends.cuda.vector_access import expand_vector_loops, uses_var, vectorize_accesses
@@ -69,6 +70,7 @@ from compiler.loopir.stmt import (
     Buffer,
     BufferStore,
     For,
+    Intrinsic,
     LetStmt,
     PrimFunc,
     Stmt,
@@ -236,7 +238,19 @@ class CudaPrinter(CStylePrinter):
             return
         super().emit_store(s)
 
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, Intrinsic):  # tensor-core operations: inline PTX (codegen_tc)
+            codegen_tc.emit_intrinsic(self, s)
+            return
+        super().stmt(s)
+
     def emit_allocate(self, s: Allocate) -> None:
+        if codegen_tc.is_fragment(s.buffer, s.body):  # mma/ldmatrix fragments: 32-bit registers
+            name = self.names.fresh(s.buffer.name)
+            self.buf_names[s.buffer] = name
+            self.line(codegen_tc.fragment_decl(s.buffer, name))
+            self.stmt(s.body)
+            return
         if s.buffer.dtype == "float16" and s.annotations.get(PROMOTE) == 1:  # registers: float variables
             buf = s.buffer
             name = self.names.fresh(buf.name)
@@ -408,6 +422,11 @@ class CudaPrinter(CStylePrinter):
             return f"{int(e.value)}LL" if e.value >= 0 else f"({int(e.value)}LL)"
         if isinstance(e, Call) and e.name.startswith("warp_reduce_"):
             return self._warp(e)
+        if isinstance(e, Call) and e.name == "xor":
+            return f"({self.expr(e.args[0])} ^ {self.expr(e.args[1])})"
+        if isinstance(e, Call) and e.name == "tf32_round":
+            self.helpers.add("tf32")
+            return f"kiln_tf32({self.top(e.args[0])})"
         return super().expr(e)
 
     def _warp(self, e: Call) -> str:
@@ -497,7 +516,8 @@ class CudaPrinter(CStylePrinter):
 
     # ---------------------------------------------------------------- prelude
     def prelude_text(self) -> str:
-        return render_prelude(self.helpers)
+        text = render_prelude(self.helpers - {"tf32"})
+        return text + "\n" + codegen_tc.TF32_HELPER if "tf32" in self.helpers else text
 
 
 def generate_cuda(funcs: Sequence[PrimFunc], target: Any = None, fast_math: bool = False) -> str:

@@ -91,6 +91,7 @@ class LocalRunner(WorkerRunner):
         settings["flush_bytes"] = (
             2 * int(task.target.l2_bytes or 0) if intensity < self.flush_intensity else 0
         )
+        settings["tf32"] = bool(getattr(task.target, "tf32", False))  # the check's float32 tolerance
         arch = build.info.get("arch", "sm_90")
         return ("run", data.key, build.artifact, arch, build.info["kernels"], keys, settings)
 

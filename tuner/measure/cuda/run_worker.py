@@ -146,7 +146,7 @@ class _RunWorker:
                 o.poison()
             launch()
             cp.cuda.Device().synchronize()
-            problem = self._check(task, inputs)
+            problem = self._check(task, inputs, bool(settings.get("tf32")))
             if problem is not None:
                 return problem
             stage = "timing"
@@ -193,7 +193,9 @@ class _RunWorker:
             lat.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / number)
         return lat, number
 
-    def _check(self, task: _Task, inputs: list[tuple[Any, np.ndarray]]) -> tuple[Any, ...] | None:
+    def _check(
+        self, task: _Task, inputs: list[tuple[Any, np.ndarray]], tf32: bool = False
+    ) -> tuple[Any, ...] | None:
         for o in task.outputs:
             msg = o.guard_problem()
             if msg is not None:
@@ -203,7 +205,7 @@ class _RunWorker:
             if not np.array_equal(now.reshape(-1).view(np.uint8), host.reshape(-1).view(np.uint8)):
                 return ("runtime_error", None, f"the kernel modified its input '{name}'", {})
         for o in task.outputs:
-            msg = compare(np.asarray(o.array.get()), o.ref, o.name)
+            msg = compare(np.asarray(o.array.get()), o.ref, o.name, tf32)
             if msg is not None:
                 return ("wrong_result", None, msg, {})
         return None
