@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from compiler import reference
+from compiler import dtypes, reference
 from compiler.canonical import canonical_json
 from compiler.layouts import layout_from_json
 
@@ -25,8 +25,10 @@ POISON = {  # bit patterns written into outputs before the verification run
     "float32": np.array([0x7FC5A5A5], np.uint32).view(np.float32)[0],
     "float64": np.array([0x7FF8A5A5A5A5A5A5], np.uint64).view(np.float64)[0],
     "float16": np.array([0x7E5A], np.uint16).view(np.float16)[0],
+    "bfloat16": np.array([0x7FA5], np.uint16).view(dtypes.to_numpy("bfloat16"))[0],
 }
-RTOL = {"float32": 1e-4, "float16": 1e-2, "float64": 1e-9}
+# max |error| <= RTOL * max(1, max|ref|): about 20 units in the last place at 1.0 for the 16-bit floats
+RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 8e-2, "float64": 1e-9}
 
 
 @dataclass
@@ -67,7 +69,7 @@ def task_data(task: Any, seed: int = 0) -> TaskData:
 def compare(out: np.ndarray, ref: np.ndarray, name: str) -> str | None:
     """None if ``out`` matches ``ref`` (floats: max|err| <= rtol * max(1, max|ref|), NaN where the reference
     is NaN; other dtypes: exactly), else a message with the largest error and where it is."""
-    if ref.dtype.kind != "f":
+    if not dtypes.is_float_numpy(ref.dtype):
         flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
         if ref.dtype == np.bool_:  # compare the bytes: a poisoned bool (0xA5) is neither true nor false
             flat_out, flat_ref = flat_out.view(np.uint8), flat_ref.view(np.uint8)

@@ -227,9 +227,9 @@ def _lower_cross_thread(
         raise CompileError(f"{where}: a cross-thread reduction must be a plain sum/max/min")
     comb, src, buf, idx = _COMBINER_OF[st.value.op], st.value.b, st.buffer, st.indices
     dtype = buf.dtype
-    if dtype not in ("float32", "float64", "int32", "float16"):
+    if dtype not in ("float32", "float64", "int32", "float16", "bfloat16"):
         raise CompileError(
-            f"{where}: cross-thread reductions support float32/float64/int32/float16, not {dtype}"
+            f"{where}: cross-thread reductions support float32/float64/int32/float16/bfloat16, not {dtype}"
         )
     ident = reduce_identity(comb, dtype)
     t = Buffer(f"{buf.name}_red", (1,), dtype, "local")
