@@ -47,6 +47,7 @@ from compiler.backends.cuda.sketches.common import (
     thread_per_element,
     use_fast_math,
 )
+from compiler.backends.cuda.sketches.online_softmax import is_softmax, online_softmax
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group, category
@@ -96,8 +97,9 @@ class CudaReductionSketch(Sketch):
             Knob("vector", (1, 2, 4), "vector width of row loads (float2/float4)"),
             Knob(
                 "keep_row",
-                ("registers", "shared", "reread"),
-                "keep the row in registers, stage it in shared memory, or re-read it",
+                ("registers", "shared", "reread", "online"),
+                "keep the row in registers, stage it in shared memory, re-read it, or (softmax) re-read it "
+                "once after a single-pass running max and rescaled sum",
             ),
             Knob("unroll", (1, 4, 8), "unroll of the per-thread loop"),
             Knob("fast_math", (0, 1), "__expf/__logf intrinsics (1) or the exact expf/logf (0)"),
@@ -109,6 +111,8 @@ class CudaReductionSketch(Sketch):
         n = G.row_length(group)
         if n % config["vector"]:
             raise ScheduleError(f"reduction: vector {config['vector']} does not divide the row {n}")
+        if config["keep_row"] == "online" and not (G.row_form(group) and is_softmax(group)):
+            raise ScheduleError("reduction: keep_row=online is for float32 softmax rows only")
         if config["keep_row"] == "shared" and G.row_form(group):
             need = config["rows_per_block"] * n * 4
             if need > target.max_shared_bytes_optin:
@@ -124,11 +128,14 @@ class CudaReductionSketch(Sketch):
         while t < target.max_threads_per_block and -(-n // (t * v)) * v > MAX_ROW_REGISTERS // 2:
             t *= 2  # long rows: more threads per row until each keeps at most 32 floats of it
         fits = -(-n // (t * v)) * v <= MAX_ROW_REGISTERS
+        keep = "registers" if fits or n * 4 > target.max_shared_bytes_optin else "shared"
+        if not fits and keep == "registers" and G.row_form(group) and is_softmax(group):
+            keep = "online"  # a softmax row too long for registers and shared memory: read twice, not thrice
         return {
             "threads_per_row": t,
             "rows_per_block": 1,
             "vector": v,
-            "keep_row": "registers" if fits or n * 4 > target.max_shared_bytes_optin else "shared",
+            "keep_row": keep,
             "unroll": 1,
             "fast_math": 0,
         }
@@ -183,7 +190,8 @@ class CudaReductionSketch(Sketch):
                 _thread_tile(sch, b, ry, t, v)
         elif shared:
             _keep_row(sch, ry, tuple(shape), t, v, "shared")
-        for b in [b for b in sch.blocks() if b.is_reduction]:
+        reductions = [b for b in sch.blocks() if b.is_reduction]
+        for b in reductions:
             _cross_thread(sch, b, ry, t, v, u, registers)
         if col is not None:
             _, step, lane = _map_cols(sch, col, t, v)
@@ -191,6 +199,8 @@ class CudaReductionSketch(Sketch):
                 sch.vectorize(lane)
             _steps(sch, step, u, registers)
         localize(sch)
+        if config["keep_row"] == "online":
+            online_softmax(sch, reductions[0].name, reductions[1].name)
         return sch
 
 
