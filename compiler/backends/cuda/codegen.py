@@ -360,6 +360,8 @@ class CudaPrinter(CStylePrinter):
 
     # ---------------------------------------------------------------- vectors
     def vector_type(self, dtype: str, lanes: int) -> str:
+        if dtype in NARROW:
+            return _narrow_vector_type(dtype, lanes)
         if dtype != "float32" or lanes not in (2, 4):
             raise CompileError(f"the CUDA target has no vectors of {lanes} x {dtype} (float2/float4 only)")
         return f"float{lanes}"
@@ -374,6 +376,8 @@ class CudaPrinter(CStylePrinter):
         if isinstance(e, Load) and e.buffer.scope != "local":
             flat = self.flat_index(e.buffer, e.indices)
             return f"*reinterpret_cast<const {vt}*>(&{self.buf_name(e.buffer)}[{self.top(flat)}])"
+        if isinstance(e, MakeVector) and element_dtype(e.dtype) in NARROW:
+            return self._narrow_pack(e)
         if isinstance(e, MakeVector):
             return f"make_{vt}({', '.join(self.top(x) for x in e.elems)})"
         raise CompileError(f"the CUDA target cannot print the vector expression {e!r}")
@@ -385,7 +389,27 @@ class CudaPrinter(CStylePrinter):
         target = f"&{self.buf_name(s.buffer)}[{self.top(self.flat_index(s.buffer, s.indices))}]"
         return f"*reinterpret_cast<{vt}*>({target}) = {self.expr(s.value)}"
 
+    # 16-bit float vectors: 2, 4 or 8 lanes are 4, 8 or 16 bytes of bits (unsigned, uint2, uint4), two
+    # lanes per 32-bit word (lane 2k in its low half); lanes widen to float and floats narrow and pack.
+    def _narrow_pack(self, e: MakeVector) -> str:
+        n = self._narrow(element_dtype(e.dtype))
+        self.helpers.add("pack16")
+        bits = [f"{n.narrow}({self.top(x)})" for x in e.elems]
+        words = [f"kiln_pack16({bits[k]}, {bits[k + 1]})" for k in range(0, len(bits), 2)]
+        if len(words) == 1:
+            return words[0]
+        return f"make_{self.vector_type(element_dtype(e.dtype), len(bits))}({', '.join(words)})"
+
+    def _narrow_lane(self, e: ExtractLane) -> str:
+        n = self._narrow(element_dtype(e.value.dtype))
+        word = self.expr(e.value)
+        if lanes_of(e.value.dtype) > 2:
+            word = f"{word}.{LANES[e.lane // 2]}"
+        return f"{n.widen}(({n.bits})({word} >> 16))" if e.lane % 2 else f"{n.widen}(({n.bits}){word})"
+
     def extract_lane(self, e: ExtractLane) -> str:
+        if element_dtype(e.value.dtype) in NARROW:
+            return self._narrow_lane(e)
         if not 0 <= e.lane < 4:
             raise CompileError(f"lane {e.lane} of a {e.value.dtype}: CUDA vectors have lanes x, y, z, w")
         return f"{self.expr(e.value)}.{LANES[e.lane]}"
@@ -501,6 +525,14 @@ class CudaPrinter(CStylePrinter):
     # ---------------------------------------------------------------- prelude
     def prelude_text(self) -> str:
         return render_prelude(self.helpers)
+
+
+def _narrow_vector_type(dtype: str, lanes: int) -> str:
+    """The bits type of ``lanes`` 16-bit floats: 2 -> unsigned, 4 -> uint2, 8 -> uint4."""
+    t = {2: "unsigned", 4: "uint2", 8: "uint4"}.get(lanes)
+    if t is None:
+        raise CompileError(f"the CUDA target has no vectors of {lanes} x {dtype} (2, 4 or 8 lanes)")
+    return t
 
 
 def generate_cuda(funcs: Sequence[PrimFunc], target: Any = None, fast_math: bool = False) -> str:

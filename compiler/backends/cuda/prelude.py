@@ -80,6 +80,12 @@ __device__ __forceinline__ float kiln_b(float f) {  // f rounded to the nearest 
 }
 """
 
+_PACK16 = """\
+__device__ __forceinline__ unsigned kiln_pack16(unsigned short lo, unsigned short hi) {
+  return (unsigned)lo | ((unsigned)hi << 16);  // two 16-bit floats in one word, lo at the lower address
+}
+"""
+
 _LANE_MASK = """\
 __device__ __forceinline__ unsigned kiln_group_mask(int width) {
   // lanes of the aligned group of `width` lanes this thread belongs to (linear thread index % 32)
@@ -113,6 +119,8 @@ def render_prelude(helpers: set[str]) -> str:
         parts.append(_HALF)
     if "bf16" in helpers:
         parts.append(_BF16)
+    if "pack16" in helpers:
+        parts.append(_PACK16)
     warps = sorted(h for h in helpers if h.startswith("warp_"))
     if warps:
         parts.append(_LANE_MASK)

@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import math
 
+from compiler import dtypes
 from compiler.backends import group_analysis as G
 from compiler.backends.cuda.sketches.common import (
     is_param,
     localize,
+    narrow_memory,
     share_cache,
     thread_per_element,
     use_fast_math,
+    vector_widths,
 )
 from compiler.backends.cuda.sketches.online_softmax import is_softmax, online_softmax
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
@@ -94,7 +97,11 @@ class CudaReductionSketch(Sketch):
         return [
             Knob("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads cooperating on one row"),
             Knob("rows_per_block", (1, 2, 4, 8), "rows handled by one thread block"),
-            Knob("vector", (1, 2, 4), "vector width of row loads (float2/float4)"),
+            Knob(
+                "vector",
+                vector_widths(group),
+                "vector width of row loads (float2/float4; 16-bit floats: 4, 8 or 16 bytes)",
+            ),
             Knob(
                 "keep_row",
                 ("registers", "shared", "reread", "online"),
@@ -124,6 +131,8 @@ class CudaReductionSketch(Sketch):
     def default(self, group: Group, target: Target) -> Config:
         n = G.row_length(group)
         v = 4 if n % 4 == 0 else 1
+        if narrow_memory(group) and n % 8 == 0 and n >= 256:
+            v = 8  # 16-bit floats: 16-byte row loads
         t = 32 if n <= 256 else 128 if n <= 2048 else 256
         while t < target.max_threads_per_block and -(-n // (t * v)) * v > MAX_ROW_REGISTERS // 2:
             t *= 2  # long rows: more threads per row until each keeps at most 32 floats of it
@@ -347,7 +356,7 @@ def _reciprocal_of_row_constants(sch: Schedule) -> None:
         return bool(lds) and all(ld.buffer.uid in reduced for ld in lds)
 
     def rewrite(e: Expr) -> Expr | None:
-        if isinstance(e, Binary) and e.op == "/" and e.dtype.startswith("float") and row_constant(e.b):
+        if isinstance(e, Binary) and e.op == "/" and dtypes.is_float(e.dtype) and row_constant(e.b):
             return Binary("*", e.a, call("recip", e.b, dtype=e.dtype), e.dtype)
         return None
 

@@ -106,7 +106,8 @@ def test_bfloat16_memory_is_bits_and_registers_are_float():
     func.name = "b_softmax"
     text = generate_cuda([func], CUDA)
     assert "const kiln_bf16* __restrict__ in0, kiln_bf16* __restrict__ divide" in text
-    assert "kiln_b2f(in0[" in text and "= kiln_f2b(" in text and "kiln_half" not in text
+    assert "kiln_b2f((kiln_bf16)(v.x >> 16))" in text and "kiln_pack16(kiln_f2b(" in text
+    assert "kiln_half" not in text
     assert "__bf16" not in text and "cuda_bf16.h" not in text
 
 
