@@ -2,15 +2,17 @@
 
 The reduction sketch with ``keep_row=reread`` reads a softmax row three times: once for the row max, once
 for the sum of ``exp(x - max)``, once to normalize. ``online_softmax`` rewrites that scheduled loop nest so
-each thread keeps a running max ``m`` and a sum ``s`` rescaled to it in one pass over its columns::
+each thread keeps a running max ``m`` and a sum ``s`` rescaled to it in one pass over its columns, with
+one ``exp`` per element (``e = exp(-|x - m|)``: the rescaling when ``x`` is a new max, else the term)::
 
-    m' = max(m, x);  s = s * exp(m - m') + exp(x - m');  m = m'
+    s = x > m ? s * e + 1 : s + e;  m = max(m, x)
 
 then the row max is the all-reduce of the threads' ``m`` (max) and the row sum the all-reduce of
-``s * exp(m - M)`` (sum), and one more pass normalizes: two reads of the row instead of three. Both
-cross-thread steps stay plain max/sum reductions, so the CUDA lowering (warp shuffles + shared memory)
-and the SIMT interpreter run them unchanged. ``-inf`` is handled without NaN: a term whose running max is
-``-inf`` (every value so far ``-inf``) adds 0, and an unchanged max rescales by exactly 1.
+``s * exp(m - M)`` (sum), and one more pass normalizes: two reads of the row instead of three, and two
+``exp`` per element as before. Both cross-thread steps stay plain max/sum reductions, so the CUDA
+lowering (warp shuffles + shared memory) and the SIMT interpreter run them unchanged. ``-inf`` is handled
+without NaN: while the running max is ``-inf`` (every value so far ``-inf``) ``e`` is 0, and a ``-inf``
+value adds ``exp(-inf) = 0``.
 
 It applies to float32 groups of the softmax form only (``reduce_max -> subtract -> exp -> reduce_sum ->
 divide``, the decomposition of ``softmax``): :func:`is_softmax` is the legality check."""
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
-from compiler.loopir.expr import Binary, Call, Expr, Load, call, compare, const, maximum, select
+from compiler.loopir.expr import Binary, Call, Expr, Load, call, compare, const, maximum, minimum, select
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, BufferStore, For, SeqStmt, Stmt
 from compiler.loopir.visitor import post_order, substitute_stmt
@@ -93,13 +95,13 @@ def online_softmax(sch: Schedule, max_name: str, sum_name: str) -> None:
 
     ninf = const(float("-inf"), "float32")
     # pass 1: the running max and the sum rescaled to it, in the max's per-thread loop
-    m_old = Load(ms.buffer, ms.indices)
-    m_new = maximum(m_old, row_max)
-    s_old = Load(ss.buffer, ms.indices)
-    scale = select(compare("==", m_old, m_new), const(1.0, "float32"), ex(m_old - m_new))
-    term = select(compare("==", m_new, ninf), const(0.0, "float32"), ex(row_max - m_new))
+    # one exp per element: e = exp(-|x - m|) rescales the sum (x is a new max) or is the new term
+    x, m_old, s_old = row_max, Load(ms.buffer, ms.indices), Load(ss.buffer, ms.indices)
+    m_new = maximum(m_old, x)
+    e = select(compare("==", m_new, ninf), const(0.0, "float32"), ex(minimum(x - m_old, m_old - x)))
+    s_new = select(compare(">", x, m_old), s_old * e + const(1.0, "float32"), s_old + e)
     max_rf.body = SeqStmt(
-        [BufferStore(ss.buffer, ms.indices, s_old * scale + term), BufferStore(ms.buffer, ms.indices, m_new)]
+        [BufferStore(ss.buffer, ms.indices, s_new), BufferStore(ms.buffer, ms.indices, m_new)]
     )
     init = substitute_stmt(sum_init, {l2.var: l1.var})
     l1.body = (
