@@ -3,7 +3,8 @@
 Knobs ``bm``, ``bn`` (block tile of C), ``bk`` (K slice staged in shared memory), ``tm``, ``tn``
 (register tile per thread), ``vector`` (width of the cooperative global loads), ``double_buffer``,
 ``min_blocks`` (occupancy: ``__launch_bounds__(threads, min_blocks)``), ``smem_pad`` (floats of padding
-per row of a transposed shared tile), ``group_m`` (grouped block order).
+per row of a transposed shared tile), ``group_m`` (grouped block order), ``warp_rows`` (warp tiling) and
+``swizzle`` (rotated 4-float chunks of a transposed shared tile, the alternative to ``smem_pad``).
 The classic shared-memory SGEMM, written with the primitives::
 
     blockIdx.z  batch and outer M/N loops (fused)
@@ -39,6 +40,17 @@ Occupancy, bank conflicts, block order:
 * ``group_m`` = G launches the output tiles in groups of G block rows (blockIdx.x = (mg, nb, mi) fused, M
   tile = mg*G + mi), so consecutive blocks share B tiles in L2 (Triton's grouped ordering); G must divide
   the number of block rows.
+
+* ``warp_rows`` = r splits the [bm/tm, bn/tn] thread grid into warps of r x 32/r threads
+  (:func:`_bind_threads`): a warp then reads r*tm rows of the A tile and 32/r*tn columns of the B tile per
+  k step, fewer distinct shared words than the 1 or 2 rows of a row-major warp;
+* ``swizzle`` = s stores element m of row k of a transposed tile at chunk ``(m/4 + (k/g)*s) mod (M/4)``
+  (``lower.swizzle_shared``, after compaction; g = k values one thread stores per copy step): the
+  cooperative stores become conflict-free (``transposed_store_conflicts(..., swizzle=s)``) while the
+  register tile's float4 reads stay whole chunks. The loop IR has no XOR, so it is a rotation.
+
+Split-K is not built: partial sums across blocks need a global workspace (or atomics into a zeroed output)
+and the runtime passes a kernel only its group's buffers.
 
 Block tiles never exceed the M/N extent's next power of two (at least 32: ``tile_cap``); a larger tile only
 adds idle threads (a 128x128 conv tile over 16 output columns made cicc run for minutes). The default

@@ -18,7 +18,10 @@ memory once into C*V registers per thread (C = ceil(N / (T*V))); it is used when
 otherwise the row is re-read (from L1/L2) by each pass. ``keep_row=shared`` stages the block's rows in
 shared memory (R*N*4 bytes, up to the opt-in limit) with the same thread mapping, so long rows are read
 from global memory once. The default widens T (up to 1024) until a thread keeps at most 32 floats of the
-row in registers, and uses shared memory past that. Reductions that are not over trailing axes run one
+row in registers, and uses shared memory past that; a float32 softmax row too long for both takes
+``keep_row=online`` (``online_softmax.py``: a single pass keeps a running max and a rescaled sum, then
+one pass normalizes: two reads of the row instead of three). 16-bit float groups may take ``vector=8``
+(16-byte row loads). Reductions that are not over trailing axes run one
 output element per thread with serial reductions.
 
 Memory-bound details (every config):
