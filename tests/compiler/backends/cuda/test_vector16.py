@@ -75,6 +75,16 @@ def test_16_bit_vector_configs_compute_the_reference(dtype, vector):
     )
 
 
+@pytest.mark.parametrize("dtype", NARROW)
+def test_16_bit_rows_in_shared_memory_or_reread_compute_the_reference(dtype):
+    sm = softmax(dtype, (3, 256))
+    for keep in ("shared", "reread"):
+        for rows in (1, 2):
+            config = {**sketch_for(sm, CUDA).default(sm, CUDA), "vector": 8, "keep_row": keep}
+            config.update(threads_per_row=32, rows_per_block=rows, unroll=4)
+            check_group(sm, config, tol=RTOL[dtype])
+
+
 def test_misaligned_16_bit_runs_use_narrower_or_scalar_accesses():
     # rows of 6 halves: a row starts at 6*r, so only 2-lane (4-byte) words are provably aligned
     text = text_of(pointwise("float16", (5, 6)), {"threads": 64, "elems": 2, "vector": 2})
