@@ -270,7 +270,7 @@ def reduction_stages(
     x: Tensor, axes: Sequence[int], keepdims: bool, combiner: str, out: TensorType, name: str
 ) -> list[Tensor]:
     rvs = [reduce_axis(x.shape[a], f"{name}_k{j}") for j, a in enumerate(axes)]
-    acc_dtype = "float32" if (combiner == "sum" and x.dtype == "float16") else x.dtype
+    acc_dtype = dtypes.sum_accumulator(x.dtype) if combiner == "sum" else x.dtype
 
     def f(*i: Expr) -> Expr:
         idx, it, rit = [], iter(i), iter(rvs)

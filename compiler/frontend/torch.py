@@ -36,7 +36,14 @@ from torch.fx.passes.operator_support import OperatorSupport
 
 from compiler.build import compile as build_model
 from compiler.errors import KilnError
-from compiler.frontend.torch_fx import Converted, const_nodes, convert_fx, unsupported_reason
+from compiler.frontend.torch_fx import (
+    Converted,
+    const_nodes,
+    convert_fx,
+    numpy_to_tensor,
+    tensor_to_numpy,
+    unsupported_reason,
+)
 from compiler.graph import Graph
 from compiler.target import Target
 
@@ -60,12 +67,12 @@ class KilnPiece(nn.Module):
             t = args[i].detach()
             if t.device.type != "cpu":
                 device = t.device
-            inputs.append(t.cpu().contiguous().numpy())
+            inputs.append(tensor_to_numpy(t))
         results = self.model.run(inputs)
         outs: list[Any] = []
         for kind, x in self.converted.outputs:
             if kind == "kiln":
-                t = torch.from_numpy(results[x])
+                t = numpy_to_tensor(results[x])
                 outs.append(t.to(device) if device is not None else t)
             else:
                 outs.append(x)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import fx
 
+from compiler import dtypes
 from compiler.builder import GraphBuilder
 from compiler.errors import KilnError
 from compiler.graph import Graph, Value
@@ -30,11 +31,28 @@ aten = torch.ops.aten
 
 TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
     torch.float64: "float64",
     torch.int32: "int32",
     torch.int64: "int64",
     torch.bool: "bool",
 }
+
+
+def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU copy of ``t`` as numpy; bfloat16 (which torch cannot hand to numpy) as ml_dtypes' bfloat16."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(dtypes.to_numpy("bfloat16"))
+    return t.numpy()
+
+
+def numpy_to_tensor(a: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` that also takes ml_dtypes' bfloat16 arrays (to torch.bfloat16)."""
+    if a.dtype == dtypes.to_numpy("bfloat16"):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 class Unsupported(KilnError):
@@ -496,7 +514,7 @@ class _Env:
         if key not in self.params:
             if t.dtype not in TORCH_DTYPES:
                 raise Unsupported(f"constant of dtype {t.dtype}")
-            self.params[key] = self.b.param(self.b._unique("const"), t.detach().cpu().contiguous().numpy())
+            self.params[key] = self.b.param(self.b._unique("const"), tensor_to_numpy(t))
         return self.params[key]
 
 

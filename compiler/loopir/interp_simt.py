@@ -367,7 +367,7 @@ def _store(s: BufferStore) -> Fn:
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind == "f":
+    if dtypes.is_float_numpy(a.dtype):
         return (a == b) | (np.isnan(a) & np.isnan(b))
     return a == b
 

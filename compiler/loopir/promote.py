@@ -33,7 +33,7 @@ PROMOTE = "promote"  # Allocate annotation: lanes per register variable of a pro
 MAX_ELEMS = 1024  # larger buffers stay arrays
 MAX_EXPANSION = 4096  # most copies of one statement that expansion may create
 FALLBACK_EXPAND_LIMIT = 64  # a scalar vectorized loop touching a promoted buffer is expanded up to this
-_SCALAR_TYPES = ("float32", "float64", "int32", "int64", "float16", "int8", "uint8", "bool")
+_SCALAR_TYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16", "int8", "uint8", "bool")
 
 # (vectorized loop, ranges of the enclosing loops and its own, promoted buffers -> width) -> whether the
 # target will print the loop as vector code

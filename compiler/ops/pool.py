@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler import dtypes
 from compiler.graph import TensorType
 from compiler.ops.contraction import pads4, pair, window_out
 from compiler.ops.registry import Attr, OpDef, OpTypeError, PatternKind, register
@@ -56,7 +57,7 @@ def _windows(x: np.ndarray, kernel, strides, padding, fill) -> np.ndarray:
 
 
 def _max_ref(x: np.ndarray, kernel, strides, padding) -> np.ndarray:
-    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    fill = -np.inf if dtypes.is_float_numpy(x.dtype) else np.iinfo(x.dtype).min
     return _windows(x, kernel, strides, padding, fill).max(axis=(-2, -1))
 
 

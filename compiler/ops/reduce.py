@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler import dtypes
 from compiler.graph import TensorType
 from compiler.ops.common import norm_axes
 from compiler.ops.registry import Attr, OpDef, OpTypeError, PatternKind, register
@@ -40,12 +41,12 @@ def reduce_infer(op: str, allow_bool: bool = False):
 
 
 def _sum_ref(x: np.ndarray, axes, keepdims) -> np.ndarray:
-    acc = np.float32 if x.dtype == np.float16 else x.dtype  # f16 sums accumulate in f32
+    acc = dtypes.to_numpy(dtypes.sum_accumulator(dtypes.normalize_dtype(x.dtype)))  # f16/bf16 sum in f32
     return np.sum(x, axis=tuple(axes), keepdims=keepdims, dtype=acc).astype(x.dtype)
 
 
 REDUCERS = {
-    "reduce_sum": (_sum_ref, "sum over axes (f16 accumulates in f32)"),
+    "reduce_sum": (_sum_ref, "sum over axes (f16/bf16 accumulate in f32)"),
     "reduce_max": (lambda x, axes, keepdims: np.max(x, axis=tuple(axes), keepdims=keepdims), "max over axes"),
     "reduce_min": (lambda x, axes, keepdims: np.min(x, axis=tuple(axes), keepdims=keepdims), "min over axes"),
 }

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from compiler import reference
+from compiler import dtypes, reference
 from compiler.canonical import canonical_json
 from compiler.layouts import layout_from_json
 
@@ -25,8 +25,10 @@ POISON = {  # bit patterns written into outputs before the verification run
     "float32": np.array([0x7FC5A5A5], np.uint32).view(np.float32)[0],
     "float64": np.array([0x7FF8A5A5A5A5A5A5], np.uint64).view(np.float64)[0],
     "float16": np.array([0x7E5A], np.uint16).view(np.float16)[0],
+    "bfloat16": np.array([0x7FA5], np.uint16).view(dtypes.to_numpy("bfloat16"))[0],
 }
-RTOL = {"float32": 1e-4, "float16": 1e-2, "float64": 1e-9}
+# max |error| <= RTOL * max(1, max|ref|): about 20 units in the last place at 1.0 for the 16-bit floats
+RTOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 8e-2, "float64": 1e-9}
 # float32 outputs of a target with TF32 math (``Target.tf32``): inputs rounded to 10 mantissa bits
 # (unit roundoff 2^-11 ~ 4.9e-4 per operand), float32 accumulation; 5e-3 x max(1, max|ref|) leaves room
 # for the sqrt(K) growth of the rounding error over K terms (K = 4096: ~64 x 1e-3 x |a||b| against a
@@ -80,7 +82,7 @@ def compare(out: np.ndarray, ref: np.ndarray, name: str, tf32: bool = False) -> 
     """None if ``out`` matches ``ref`` (floats: max|err| <= rtol * max(1, max|ref|), NaN where the reference
     is NaN; other dtypes: exactly), else a message with the largest error and where it is. ``tf32``: the
     candidate ran with TF32 math (:func:`rtol_for`)."""
-    if ref.dtype.kind != "f":
+    if not dtypes.is_float_numpy(ref.dtype):
         flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
         if ref.dtype == np.bool_:  # compare the bytes: a poisoned bool (0xA5) is neither true nor false
             flat_out, flat_ref = flat_out.view(np.uint8), flat_ref.view(np.uint8)

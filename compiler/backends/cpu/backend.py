@@ -14,6 +14,9 @@ from compiler.backends.cpu.sketches.conv import CpuConvSketch
 from compiler.backends.cpu.sketches.generic import CpuGenericSketch
 from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
 from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
+from compiler.backends.sketch import Sketch
+from compiler.errors import KilnError
+from compiler.fusion import Group
 from compiler.loopir import lower_func
 from compiler.loopir.stmt import PrimFunc
 from compiler.runtime.executor import CompiledModel
@@ -35,6 +38,10 @@ class CpuBackend(Backend):
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
         return lower_func(func, unroll)
 
+    def sketch_for(self, group: Group, target: Target | None = None) -> Sketch:
+        refuse_bfloat16(group)
+        return super().sketch_for(group, target)
+
     def codegen(
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None
     ) -> str:
@@ -50,6 +57,19 @@ class CpuBackend(Backend):
 
     def compiled_model_class(self) -> type[CompiledModel]:
         return CpuCompiledModel
+
+
+def refuse_bfloat16(group: Group) -> None:
+    """KilnError naming the first op of ``group`` that touches bfloat16: gcc 12 (the CPU build) has no
+    bfloat16 arithmetic, and computing it in float32 would give other results than the graph says."""
+    for node in group.nodes:
+        for v in (*node.inputs, *node.outputs):
+            if v.dtype == "bfloat16":
+                raise KilnError(
+                    f"cpu: node {node.name} ({node.op}) of group {group.name} has the bfloat16 tensor "
+                    f"'{v.name}'; the cpu target does not support bfloat16 (compile for cuda, or cast the "
+                    "model to float32)"
+                )
 
 
 BACKEND = CpuBackend

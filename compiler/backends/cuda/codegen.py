@@ -39,12 +39,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-
 from compiler import dtypes
 from compiler.backends.cuda import codegen_tc
 from compiler.backends.cuda import lower as lower_cuda
-from compiler.backends.cuda.prelude import render_prelude
+from compiler.backends.cuda.prelude import NARROW, Narrow, render_prelude
 from compiler.backends.cuda.vector_access import expand_vector_loops, uses_var, vectorize_accesses
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
@@ -215,25 +213,30 @@ class CudaPrinter(CStylePrinter):
         self.stmt(body)
         return "\n".join([self.signature(func, params) + " {", *self.lines, "}"]) + "\n"
 
-    # ---------------------------------------------------------------- float16
-    # float16 lives in memory as IEEE binary16 bits (``kiln_half``) and in registers as a float holding a
-    # binary16 value: loads widen (``kiln_h2f``), stores narrow (``kiln_f2h``), and every float16
-    # operation is computed in float and rounded to binary16 (``kiln_h``), which gives the correctly
-    # rounded binary16 result for + - * / sqrt (float has 24 >= 2 * 11 + 2 bits) and the IR's semantics.
+    # ------------------------------------------------------- float16 / bfloat16
+    # The 16-bit floats live in memory as their bits (``kiln_half`` binary16, ``kiln_bf16`` bfloat16) and
+    # in registers as a float holding a representable value: loads widen (``kiln_h2f`` / ``kiln_b2f``),
+    # stores narrow (``kiln_f2h`` / ``kiln_f2b``), and every operation is computed in float and rounded
+    # (``kiln_h`` / ``kiln_b``), which gives the correctly rounded result for + - * / sqrt (float has
+    # 24 >= 2 * p + 2 bits for p = 11 and p = 8) and the IR's semantics.
     def _half(self, buf: Buffer) -> bool:
-        return buf.dtype == "float16" and buf.scope != "local"
+        return buf.dtype in NARROW and buf.scope != "local"
+
+    def _narrow(self, dtype: str) -> Narrow:
+        n = NARROW[dtype]
+        self.helpers.add(n.helper)
+        return n
 
     def param_decl(self, buf: Buffer, name: str, is_input: bool) -> str:
-        if buf.dtype == "float16":
-            self.helpers.add("half")
-            return f"{'const ' if is_input else ''}kiln_half* {self.restrict} {name}"
+        if buf.dtype in NARROW:
+            return f"{'const ' if is_input else ''}{self._narrow(buf.dtype).bits}* {self.restrict} {name}"
         return super().param_decl(buf, name, is_input)
 
     def emit_store(self, s: BufferStore) -> None:
-        if s.buffer.dtype == "float16" and lanes_of(s.value.dtype) == 1 and s.buffer not in self.promoted:
+        if s.buffer.dtype in NARROW and lanes_of(s.value.dtype) == 1 and s.buffer not in self.promoted:
             value = self.top(s.value)
             if self._half(s.buffer):
-                value = f"kiln_f2h({value})"
+                value = f"{self._narrow(s.buffer.dtype).narrow}({value})"
             self.line(f"{self.store_target(s.buffer, s.indices)} = {value};")
             return
         super().emit_store(s)
@@ -251,7 +254,7 @@ class CudaPrinter(CStylePrinter):
             self.line(codegen_tc.fragment_decl(s.buffer, name))
             self.stmt(s.body)
             return
-        if s.buffer.dtype == "float16" and s.annotations.get(PROMOTE) == 1:  # registers: float variables
+        if s.buffer.dtype in NARROW and s.annotations.get(PROMOTE) == 1:  # registers: float variables
             buf = s.buffer
             name = self.names.fresh(buf.name)
             self.buf_names[buf] = name
@@ -267,7 +270,7 @@ class CudaPrinter(CStylePrinter):
         super().emit_allocate(s)
 
     def emit_let(self, s: LetStmt) -> None:
-        if s.var.dtype != "float16":
+        if s.var.dtype not in NARROW:
             super().emit_let(s)
             return
         name = self.names.fresh(s.var.name)
@@ -279,33 +282,32 @@ class CudaPrinter(CStylePrinter):
             del self.var_names[s.var]
 
     def _half_expr(self, e: Expr) -> str | None:
-        """The float text of a float16 expression (None: not float16, or nothing special)."""
-        if isinstance(e, Const) and e.dtype == "float16":
-            v = float(np.float16(e.value))
+        """The float text of a float16/bfloat16 expression (None: not one, or nothing special)."""
+        if isinstance(e, Const):
+            v = float(dtypes.to_numpy(e.dtype).type(e.value))
             return self.expr(Const(v, "float32"))
-        if isinstance(e, Load) and e.dtype == "float16" and e.buffer not in self.promoted:
+        if isinstance(e, Load) and e.buffer not in self.promoted:
             text = self.access(e.buffer, e.indices)
-            return f"kiln_h2f({text})" if self._half(e.buffer) else text
-        if isinstance(e, Cast) and e.dtype == "float16":
-            self.helpers.add("half")
-            return f"kiln_h((float)({self.top(e.value)}))"
-        if isinstance(e, Binary) and e.dtype == "float16":
-            if e.op in ("min", "max"):  # the result is an operand: already binary16
+            return f"{self._narrow(e.dtype).widen}({text})" if self._half(e.buffer) else text
+        if isinstance(e, Cast):
+            return f"{self._narrow(e.dtype).round}((float)({self.top(e.value)}))"
+        if isinstance(e, Binary):
+            if e.op in ("min", "max"):  # the result is an operand: already representable
                 return f"f{e.op}f({self.top(e.a)}, {self.top(e.b)})"
-            self.helpers.add("half")
+            r = self._narrow(e.dtype).round
             a, b = self.expr(e.a), self.expr(e.b)
             if e.op in ("+", "-", "*", "/"):
-                return f"kiln_h({a} {e.op} {b})"
+                return f"{r}({a} {e.op} {b})"
             if e.op == "pow":
-                return f"kiln_h(powf({a}, {b}))"
+                return f"{r}(powf({a}, {b}))"
             if e.op == "//":
-                return f"kiln_h(floorf({a} / {b}))"
+                return f"{r}(floorf({a} / {b}))"
             if e.op == "%":
-                return f"kiln_h({a} - {b} * floorf({a} / {b}))"
-            raise CompileError(f"{e.op} on float16 is not supported by the CUDA target")
-        if isinstance(e, Call) and e.dtype == "float16" and not e.name.startswith("warp_reduce_"):
-            self.helpers.add("half")
-            return f"kiln_h({self.math_call(e.name, [self.top(a) for a in e.args], 'float32')})"
+                return f"{r}({a} - {b} * floorf({a} / {b}))"
+            raise CompileError(f"{e.op} on {e.dtype} is not supported by the CUDA target")
+        if isinstance(e, Call) and not e.name.startswith("warp_reduce_"):
+            r = self._narrow(e.dtype).round
+            return f"{r}({self.math_call(e.name, [self.top(a) for a in e.args], 'float32')})"
         return None
 
     # ------------------------------------------------------------ statements
@@ -357,9 +359,8 @@ class CudaPrinter(CStylePrinter):
 
     def alloc_lines(self, buf: Buffer, name: str) -> tuple[list[str], list[str]]:
         t = c_type(buf.dtype)
-        if buf.dtype == "float16":  # binary16 bits in shared memory, floats in registers
-            self.helpers.add("half")
-            t = "kiln_half" if buf.scope == "shared" else "float"
+        if buf.dtype in NARROW:  # 16-bit float bits in shared memory, floats in registers
+            t = self._narrow(buf.dtype).bits if buf.scope == "shared" else "float"
         n = max(buf.numel, 1)
         if buf.scope == "shared":
             if self.dynamic:
@@ -373,6 +374,8 @@ class CudaPrinter(CStylePrinter):
 
     # ---------------------------------------------------------------- vectors
     def vector_type(self, dtype: str, lanes: int) -> str:
+        if dtype in NARROW:
+            return _narrow_vector_type(dtype, lanes)
         if dtype != "float32" or lanes not in (2, 4):
             raise CompileError(f"the CUDA target has no vectors of {lanes} x {dtype} (float2/float4 only)")
         return f"float{lanes}"
@@ -387,6 +390,8 @@ class CudaPrinter(CStylePrinter):
         if isinstance(e, Load) and e.buffer.scope != "local":
             flat = self.flat_index(e.buffer, e.indices)
             return f"*reinterpret_cast<const {vt}*>(&{self.buf_name(e.buffer)}[{self.top(flat)}])"
+        if isinstance(e, MakeVector) and element_dtype(e.dtype) in NARROW:
+            return self._narrow_pack(e)
         if isinstance(e, MakeVector):
             return f"make_{vt}({', '.join(self.top(x) for x in e.elems)})"
         raise CompileError(f"the CUDA target cannot print the vector expression {e!r}")
@@ -398,14 +403,34 @@ class CudaPrinter(CStylePrinter):
         target = f"&{self.buf_name(s.buffer)}[{self.top(self.flat_index(s.buffer, s.indices))}]"
         return f"*reinterpret_cast<{vt}*>({target}) = {self.expr(s.value)}"
 
+    # 16-bit float vectors: 2, 4 or 8 lanes are 4, 8 or 16 bytes of bits (unsigned, uint2, uint4), two
+    # lanes per 32-bit word (lane 2k in its low half); lanes widen to float and floats narrow and pack.
+    def _narrow_pack(self, e: MakeVector) -> str:
+        n = self._narrow(element_dtype(e.dtype))
+        self.helpers.add("pack16")
+        bits = [f"{n.narrow}({self.top(x)})" for x in e.elems]
+        words = [f"kiln_pack16({bits[k]}, {bits[k + 1]})" for k in range(0, len(bits), 2)]
+        if len(words) == 1:
+            return words[0]
+        return f"make_{self.vector_type(element_dtype(e.dtype), len(bits))}({', '.join(words)})"
+
+    def _narrow_lane(self, e: ExtractLane) -> str:
+        n = self._narrow(element_dtype(e.value.dtype))
+        word = self.expr(e.value)
+        if lanes_of(e.value.dtype) > 2:
+            word = f"{word}.{LANES[e.lane // 2]}"
+        return f"{n.widen}(({n.bits})({word} >> 16))" if e.lane % 2 else f"{n.widen}(({n.bits}){word})"
+
     def extract_lane(self, e: ExtractLane) -> str:
+        if element_dtype(e.value.dtype) in NARROW:
+            return self._narrow_lane(e)
         if not 0 <= e.lane < 4:
             raise CompileError(f"lane {e.lane} of a {e.value.dtype}: CUDA vectors have lanes x, y, z, w")
         return f"{self.expr(e.value)}.{LANES[e.lane]}"
 
     # ------------------------------------------------------------ expressions
     def expr(self, e: Expr) -> str:
-        if e.dtype == "float16":
+        if e.dtype in NARROW:
             half = self._half_expr(e)
             if half is not None:
                 return half
@@ -431,15 +456,17 @@ class CudaPrinter(CStylePrinter):
 
     def _warp(self, e: Call) -> str:
         comb = e.name[len("warp_reduce_") :]
-        s = {"float32": "f32", "float64": "f64", "int32": "i32", "float16": "f16"}.get(e.dtype)
+        s = {"float32": "f32", "float64": "f64", "int32": "i32", "float16": "f16", "bfloat16": "bf16"}.get(
+            e.dtype
+        )
         if comb not in ("sum", "max", "min") or s is None or len(e.args) != 2:
             raise CompileError(f"intrinsic {e.name} on {e.dtype} is not supported by the CUDA target")
         width = e.args[1]
         if not isinstance(width, Const) or int(width.value) not in (1, 2, 4, 8, 16, 32):
             raise CompileError(f"{e.name}: the width must be a constant power of two up to 32")
         self.helpers.add(f"warp_{comb}_{s}")
-        if s == "f16":
-            self.helpers.add("half")
+        if e.dtype in NARROW:
+            self._narrow(e.dtype)
         return f"kiln_warp_reduce_{comb}_{s}({self.top(e.args[0])}, {int(width.value)})"
 
     def binary(self, e: Binary) -> str:
@@ -518,6 +545,14 @@ class CudaPrinter(CStylePrinter):
     def prelude_text(self) -> str:
         text = render_prelude(self.helpers - {"tf32"})
         return text + "\n" + codegen_tc.TF32_HELPER if "tf32" in self.helpers else text
+
+
+def _narrow_vector_type(dtype: str, lanes: int) -> str:
+    """The bits type of ``lanes`` 16-bit floats: 2 -> unsigned, 4 -> uint2, 8 -> uint4."""
+    t = {2: "unsigned", 4: "uint2", 8: "uint4"}.get(lanes)
+    if t is None:
+        raise CompileError(f"the CUDA target has no vectors of {lanes} x {dtype} (2, 4 or 8 lanes)")
+    return t
 
 
 def generate_cuda(funcs: Sequence[PrimFunc], target: Any = None, fast_math: bool = False) -> str:

@@ -79,7 +79,13 @@ from compiler.loopir.stmt import (
     stmt_exprs,
     walk_stmts,
 )
-from compiler.loopir.visitor import StmtExprVisitor, StmtMutator, StmtVisitor
+from compiler.loopir.visitor import (
+    StmtExprVisitor,
+    StmtMutator,
+    StmtVisitor,
+    map_stores,
+    rewrite_exprs,
+)
 
 __all__ = [
     "finish",
@@ -101,6 +107,8 @@ VAR_NAMES = {"blockIdx.x": "bx", "blockIdx.y": "by", "blockIdx.z": "bz"} | {
 }
 WARP = 32
 SMEM_PAD = "smem_pad"  # func.attrs key: shared buffer name -> floats of padding per row (pad_shared)
+SMEM_SWIZZLE = "smem_swizzle"  # func.attrs key: shared buffer name -> (k group, step) (swizzle_shared)
+SWIZZLE_CHUNK = 4  # floats moved together by swizzle_shared (a float4 read of the tile stays one)
 _COMBINER_OF = {"+": "sum", "max": "max", "min": "min"}
 
 
@@ -227,9 +235,9 @@ def _lower_cross_thread(
         raise CompileError(f"{where}: a cross-thread reduction must be a plain sum/max/min")
     comb, src, buf, idx = _COMBINER_OF[st.value.op], st.value.b, st.buffer, st.indices
     dtype = buf.dtype
-    if dtype not in ("float32", "float64", "int32", "float16"):
+    if dtype not in ("float32", "float64", "int32", "float16", "bfloat16"):
         raise CompileError(
-            f"{where}: cross-thread reductions support float32/float64/int32/float16, not {dtype}"
+            f"{where}: cross-thread reductions support float32/float64/int32/float16/bfloat16, not {dtype}"
         )
     ident = reduce_identity(comb, dtype)
     t = Buffer(f"{buf.name}_red", (1,), dtype, "local")
@@ -333,6 +341,7 @@ def finish(func: PrimFunc) -> PrimFunc:
         if not any(tag.startswith("blockIdx") for tag in dims):  # one block: a grid of extent 1
             part = For(Var("bx"), 1, part, "thread", "blockIdx.x")
         part = pad_shared(part, func.attrs.get(SMEM_PAD, {}))
+        part = swizzle_shared(part, func.attrs.get(SMEM_SWIZZLE, {}))
         part = double_buffer(part)
         part = _GuardStores(dims).visit_stmt(part)
         part = insert_barriers(part, dims)
@@ -357,6 +366,45 @@ def pad_shared(part: Stmt, pads: dict[str, int]) -> Stmt:
             *lead, last = s.buffer.shape
             s.buffer.shape = (*lead, last + int(pads[s.buffer.name]))
     return part
+
+
+def swizzle_shared(part: Stmt, swizzles: dict[str, tuple[int, int]]) -> Stmt:
+    """Rotate the 4-float chunks of each row of the shared tiles named in ``swizzles`` (name -> (g, s)):
+    element ``[.., k, m]`` is stored at ``[.., k, m']`` with chunk ``m' // 4 = (m // 4 + (k // g) * s)
+    % (M / 4)`` and ``m' % 4 = m % 4``, in every load and store, so a warp storing one column of a
+    transposed tile (several k, the same few m) spreads over the banks; a row stays a permutation of
+    whole chunks (float4 reads of the register tile stay aligned). The loop IR has no XOR: this rotation
+    is the XOR swizzle's conflict-free counterpart for these store patterns."""
+    if not swizzles:
+        return part
+    tiles = {  # a row that is not whole chunks (a compacted edge tile) keeps its layout
+        s.buffer
+        for s in walk_stmts(part)
+        if isinstance(s, Allocate)
+        and s.buffer.scope == "shared"
+        and s.buffer.name in swizzles
+        and len(s.buffer.shape) >= 2
+        and s.buffer.shape[-1] % SWIZZLE_CHUNK == 0
+    }
+    if not tiles:
+        return part
+
+    def moved(buf: Buffer, indices: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        g, step = swizzles[buf.name]
+        chunks = buf.shape[-1] // SWIZZLE_CHUNK
+        *lead, k, m = indices
+        chunk = (m // SWIZZLE_CHUNK + (k // g) * step) % chunks
+        return (*lead, k, chunk * SWIZZLE_CHUNK + m % SWIZZLE_CHUNK)
+
+    def load(e: Expr) -> Expr | None:
+        if isinstance(e, Load) and e.buffer in tiles:
+            return Load(e.buffer, moved(e.buffer, e.indices), e.lanes)
+        return None
+
+    def store(s: BufferStore) -> Stmt:
+        return BufferStore(s.buffer, moved(s.buffer, s.indices), s.value) if s.buffer in tiles else s
+
+    return map_stores(rewrite_exprs(part, load), store)
 
 
 def thread_dims(s: Stmt) -> dict[str, int]:

@@ -1,8 +1,28 @@
 """The CUDA prelude: fixed-width integer types for NVRTC, floor division helpers, float16 conversions
-(inline PTX ``cvt``, so neither NVRTC nor nvcc needs cuda_fp16.h), warp all-reduce helpers; only the parts
+(inline PTX ``cvt``, so neither NVRTC nor nvcc needs cuda_fp16.h), bfloat16 conversions (bit arithmetic,
+round to nearest even, on every architecture; no cuda_bf16.h), warp all-reduce helpers; only the parts
 a translation unit uses (names recorded by the printer in ``helpers``)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Narrow(NamedTuple):
+    """How a 16-bit float dtype is printed: its bits type in memory, the float <-> bits conversions, the
+    rounding of a float to the nearest representable value, and the prelude helper defining them."""
+
+    bits: str
+    widen: str
+    narrow: str
+    round: str
+    helper: str
+
+
+NARROW = {
+    "float16": Narrow("kiln_half", "kiln_h2f", "kiln_f2h", "kiln_h", "half"),
+    "bfloat16": Narrow("kiln_bf16", "kiln_b2f", "kiln_f2b", "kiln_b", "bf16"),
+}
 
 _HEADER = """\
 #if defined(__CUDACC_RTC__)
@@ -47,6 +67,25 @@ __device__ __forceinline__ float kiln_h(float f) {  // f rounded to the nearest 
 }
 """
 
+_BF16 = """\
+typedef unsigned short kiln_bf16;  // bfloat16 bits in memory; registers hold floats
+__device__ __forceinline__ float kiln_b2f(kiln_bf16 b) { return __uint_as_float(((unsigned)b) << 16); }
+__device__ __forceinline__ kiln_bf16 kiln_f2b(float f) {  // round to nearest even; NaN stays a quiet NaN
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (kiln_bf16)((u >> 16) | 0x40u);
+  return (kiln_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float kiln_b(float f) {  // f rounded to the nearest bfloat16 value
+  return kiln_b2f(kiln_f2b(f));
+}
+"""
+
+_PACK16 = """\
+__device__ __forceinline__ unsigned kiln_pack16(unsigned short lo, unsigned short hi) {
+  return (unsigned)lo | ((unsigned)hi << 16);  // two 16-bit floats in one word, lo at the lower address
+}
+"""
+
 _LANE_MASK = """\
 __device__ __forceinline__ unsigned kiln_group_mask(int width) {
   // lanes of the aligned group of `width` lanes this thread belongs to (linear thread index % 32)
@@ -78,15 +117,20 @@ def render_prelude(helpers: set[str]) -> str:
             parts.append(_FLOOR[kind].format(T=t, s=s))
     if "half" in helpers:
         parts.append(_HALF)
+    if "bf16" in helpers:
+        parts.append(_BF16)
+    if "pack16" in helpers:
+        parts.append(_PACK16)
     warps = sorted(h for h in helpers if h.startswith("warp_"))
     if warps:
         parts.append(_LANE_MASK)
     for h in warps:
         _, comb, s = h.split("_")
-        t = {"f32": "float", "f64": "double", "i32": "int32_t", "f16": "float"}[s]
-        fmax = {"f32": "fmaxf", "f64": "fmax", "i32": "max", "f16": "fmaxf"}[s]
-        fmin = {"f32": "fminf", "f64": "fmin", "i32": "min", "f16": "fminf"}[s]
-        add = "v = kiln_h(v + o)" if s == "f16" else "v += o"  # float16: each step rounded to binary16
+        t = {"f32": "float", "f64": "double", "i32": "int32_t", "f16": "float", "bf16": "float"}[s]
+        fmax = {"f32": "fmaxf", "f64": "fmax", "i32": "max", "f16": "fmaxf", "bf16": "fmaxf"}[s]
+        fmin = {"f32": "fminf", "f64": "fmin", "i32": "min", "f16": "fminf", "bf16": "fminf"}[s]
+        # the 16-bit floats: each step rounded to the dtype
+        add = {"f16": "v = kiln_h(v + o)", "bf16": "v = kiln_b(v + o)"}.get(s, "v += o")
         step = {"sum": add, "max": f"v = {fmax}(v, o)", "min": f"v = {fmin}(v, o)"}[comb]
         parts.append(_WARP.format(T=t, comb=comb, s=s, step=step))
     return "\n".join(parts)

@@ -1,6 +1,8 @@
 """The CUDA target's vector-access passes on one kernel's loop IR (run by ``codegen.prepare`` before
 printing): expansion of vectorized loops into straight-line code, and the rewrite that turns aligned
-consecutive float32 loads/stores of straight-line code into ``float4``/``float2`` accesses.
+consecutive float32 loads/stores of straight-line code into ``float4``/``float2`` accesses, and those of
+the 16-bit floats (float16, bfloat16) into 16-, 8- or 4-byte accesses of 8, 4 or 2 lanes (``uint4``/``uint2``/
+``unsigned`` bits, printed by the codegen).
 
 :func:`vectorize_accesses` looks at each run of consecutive stores. A group of loads of one global/shared
 buffer whose flat indices are ``base + 0 .. base + W-1`` (same symbolic terms, constants 0..W-1 apart)
@@ -55,6 +57,9 @@ from compiler.loopir.stmt import (
 from compiler.loopir.visitor import StmtExprMutator, StmtMutator, post_order, substitute_stmt, with_body
 
 T = TypeVar("T")
+# vector widths per element type, widest first: 16 bytes (float4, or uint4 = 8 halves) down to 4 or 8 bytes
+WIDTHS = {"float32": (4, 2), "float16": (8, 4, 2), "bfloat16": (8, 4, 2)}
+VECTOR_DTYPES = tuple(WIDTHS)
 EXPAND_LIMIT = 16  # vectorized loops up to this extent are expanded into straight-line code
 
 
@@ -270,19 +275,21 @@ class _AccessVectorizer(StmtMutator):
         """Statement index -> the vector loads bound before it (variable, load, the lanes they replace)."""
         stored = {st.buffer.uid for st in run}
         cands: dict[tuple, dict[int, tuple[int, Expr, Load]]] = {}  # (buf uid, terms) -> const -> first
+        dtype_of: dict[int, str] = {}
         for r, st in enumerate(run):
             for ld in _unconditional_loads(st):
                 buf = ld.buffer
-                if buf.scope == "local" or buf.dtype != "float32" or buf.uid in stored:
+                if buf.scope == "local" or buf.dtype not in VECTOR_DTYPES or buf.uid in stored:
                     continue
                 if any(isinstance(x, Load) for i in ld.indices for x in walk(i)):
                     continue
                 key, c, flat = self.split_flat(buf, ld.indices)
                 if key is not None:
                     cands.setdefault((buf.uid, key), {}).setdefault(c, (r, flat, ld))
+                    dtype_of[buf.uid] = buf.dtype
         out: dict[int, list[tuple[Var, Expr, dict[tuple, Expr]]]] = {}
-        for consts in cands.values():
-            for width, _, members in _windows(consts):
+        for (uid, _), consts in cands.items():
+            for width, _, members in _windows(consts, WIDTHS[dtype_of[uid]]):
                 _, flat0, ld0 = members[0]
                 if not _aligned(flat0, width, self.ranges):
                     continue
@@ -299,14 +306,16 @@ class _AccessVectorizer(StmtMutator):
         groups: dict[tuple, dict[int, tuple[int, Expr, BufferStore]]] = {}
         seen: set[tuple] = set()
         dup: set[int] = set()
+        dtype_of: dict[int, str] = {}
         for r, st in enumerate(run):
             buf = st.buffer
-            if buf.scope == "local" or buf.dtype != "float32" or buf.uid in loaded:
+            if buf.scope == "local" or buf.dtype not in VECTOR_DTYPES or buf.uid in loaded:
                 continue
             key, c, flat = self.split_flat(buf, st.indices)
             if key is None:
                 dup.add(buf.uid)
                 continue
+            dtype_of[buf.uid] = buf.dtype
             ident = (buf.uid, key, c)
             if ident in seen or any(u == buf.uid and k != key for u, k, _ in seen):
                 dup.add(buf.uid)  # stored twice, or at indices of another form: keep program order
@@ -316,7 +325,7 @@ class _AccessVectorizer(StmtMutator):
         for (uid, _), consts in groups.items():
             if uid in dup:
                 continue
-            for width, _, members in _windows(consts):
+            for width, _, members in _windows(consts, WIDTHS[dtype_of[uid]]):
                 _, flat0, st0 = members[0]
                 if not _aligned(flat0, width, self.ranges):
                     continue
@@ -342,11 +351,11 @@ class _UseLanes(StmtExprMutator):
         return self.generic_visit_expr(e)
 
 
-def _windows(consts: dict[int, T]) -> list[tuple[int, int, list[T]]]:
-    """Aligned runs of 4 (else 2) consecutive constant offsets."""
+def _windows(consts: dict[int, T], widths: tuple[int, ...]) -> list[tuple[int, int, list[T]]]:
+    """Aligned runs of ``widths[0]`` (else the next width ...) consecutive constant offsets."""
     out = []
     used: set[int] = set()
-    for width in (4, 2):
+    for width in widths:
         for c in sorted(consts):
             if c % width or any(c + k in used or c + k not in consts for k in range(width)):
                 continue

@@ -216,3 +216,36 @@ def test_embedding_with_integer_ids(caplog: pytest.LogCaptureFixture) -> None:
         got = compiled(module)(ids)
     assert not caplog.records, caplog.text
     torch.testing.assert_close(got, module(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_a_float16_module_runs_in_kiln_and_matches_float32_eager(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    rec = Recorder()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln.torch"):
+        got = compiled(module.half(), on_model=rec)(x.half())
+        want = module.float()(x)
+    assert not caplog.records, caplog.text
+    assert [v.dtype for v in rec.graphs[0].inputs] == ["float16"] and got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_bfloat16_module_imports_compiles_for_cuda_and_runs_eager_on_the_cpu(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from compiler.build import compile as kiln_compile
+    from compiler.frontend.torch import capture_graphs
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 32), nn.ReLU()).eval().to(torch.bfloat16)
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    (graph,) = capture_graphs(module, [x])
+    assert graph.inputs[0].dtype == "bfloat16"
+    assert "kiln_bf16" in kiln_compile(graph, "cuda").source
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln.torch"):
+        got = compiled(module)(x)  # the cpu target refuses bfloat16: the graph runs in eager, saying why
+        want = module(x)
+    assert "cpu target does not support bfloat16" in caplog.text
+    assert torch.equal(got, want)

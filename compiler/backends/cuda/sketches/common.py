@@ -5,13 +5,27 @@ Every helper is written with the schedule primitives; none emits code."""
 
 from __future__ import annotations
 
+from compiler import dtypes
 from compiler.errors import ScheduleError
+from compiler.fusion import Group
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import Call, Expr, Load, replace_buffer_loads, transform
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, BufferStore, For, walk_stmts
 
 FAST_MATH = {"exp": "fast_exp", "log": "fast_log"}  # float32 intrinsic -> its fast-math form
+
+
+def narrow_memory(group: Group) -> bool:
+    """Whether every tensor ``group`` reads or writes is a 16-bit float (float16 / bfloat16)."""
+    values = [*group.inputs, *group.outputs]
+    return bool(values) and all(v.dtype in dtypes.NARROW_FLOATS for v in values)
+
+
+def vector_widths(group: Group) -> tuple[int, ...]:
+    """The ``vector`` knob's values: up to 4 lanes (float4 = 16 bytes), up to 8 for 16-bit float groups
+    (8 halves = 16 bytes: one ``uint4`` access)."""
+    return (1, 2, 4, 8) if narrow_memory(group) else (1, 2, 4)
 
 
 def block_threads(cap: int, extent: int) -> int:

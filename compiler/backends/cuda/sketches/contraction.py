@@ -3,7 +3,8 @@
 Knobs ``bm``, ``bn`` (block tile of C), ``bk`` (K slice staged in shared memory), ``tm``, ``tn``
 (register tile per thread), ``vector`` (width of the cooperative global loads), ``double_buffer``,
 ``min_blocks`` (occupancy: ``__launch_bounds__(threads, min_blocks)``), ``smem_pad`` (floats of padding
-per row of a transposed shared tile), ``group_m`` (grouped block order).
+per row of a transposed shared tile), ``group_m`` (grouped block order), ``warp_rows`` (warp tiling) and
+``swizzle`` (rotated 4-float chunks of a transposed shared tile, the alternative to ``smem_pad``).
 The classic shared-memory SGEMM, written with the primitives::
 
     blockIdx.z  batch and outer M/N loops (fused)
@@ -40,6 +41,17 @@ Occupancy, bank conflicts, block order:
   tile = mg*G + mi), so consecutive blocks share B tiles in L2 (Triton's grouped ordering); G must divide
   the number of block rows.
 
+* ``warp_rows`` = r splits the [bm/tm, bn/tn] thread grid into warps of r x 32/r threads
+  (:func:`_bind_threads`): a warp then reads r*tm rows of the A tile and 32/r*tn columns of the B tile per
+  k step, fewer distinct shared words than the 1 or 2 rows of a row-major warp;
+* ``swizzle`` = s stores element m of row k of a transposed tile at chunk ``(m/4 + (k/g)*s) mod (M/4)``
+  (``lower.swizzle_shared``, after compaction; g = k values one thread stores per copy step): the
+  cooperative stores become conflict-free (``transposed_store_conflicts(..., swizzle=s)``) while the
+  register tile's float4 reads stay whole chunks. The loop IR has no XOR, so it is a rotation.
+
+Split-K is not built: partial sums across blocks need a global workspace (or atomics into a zeroed output)
+and the runtime passes a kernel only its group's buffers.
+
 Block tiles never exceed the M/N extent's next power of two (at least 32: ``tile_cap``); a larger tile only
 adds idle threads (a 128x128 conv tile over 16 output columns made cicc run for minutes). The default
 picks, among 128x128 / 64x64 / 64x32 / 32x64 / 32x32 block tiles, the largest one that still gives
@@ -49,7 +61,7 @@ every SM a block (BERT's 128x768 projections: 32x32 tiles, 96 blocks, instead of
 from __future__ import annotations
 
 from compiler.backends import group_analysis as G
-from compiler.backends.cuda.lower import SMEM_PAD
+from compiler.backends.cuda.lower import SMEM_PAD, SMEM_SWIZZLE, SWIZZLE_CHUNK
 from compiler.backends.cuda.sketches.common import cooperative, localize, thread_per_element
 from compiler.backends.group_analysis import GemmView, gemm_view
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, prepare
@@ -64,6 +76,7 @@ from compiler.target import Target
 SIMPLE_THREADS = 128
 THREADS_PER_SM = {"sm_86": 1536, "sm_87": 1536, "sm_89": 1536}  # others (sm_70/75/80/90): 2048
 BANKS = 32
+WARP = 32
 
 
 def tile_cap(extent: int) -> int:
@@ -75,10 +88,19 @@ def threads_per_sm(target: Target) -> int:
     return THREADS_PER_SM.get(target.arch, 2048)
 
 
-def transposed_store_conflicts(rows: int, bk: int, vector: int, pad: int, threads: int) -> int:
+def swizzled(m: int, k: int, rows: int, group: int, step: int) -> int:
+    """Where ``lower.swizzle_shared`` stores element m of row k of a [bk][rows] tile."""
+    c = SWIZZLE_CHUNK
+    return ((m // c + (k // group) * step) % (rows // c)) * c + m % c
+
+
+def transposed_store_conflicts(
+    rows: int, bk: int, vector: int, pad: int, threads: int, swizzle: int = 0
+) -> int:
     """Worst bank-conflict degree (ways) of the shared stores of one warp in the cooperative copy of a
     [rows, bk] tile (element f = (step*threads + thread)*vector + lane, m = f // bk, k = f % bk) into a
-    [bk][rows + pad] layout: the number of distinct 4-byte words one bank serves in one store."""
+    [bk][rows + pad] layout, its rows' chunks rotated by ``swizzle`` per group of ``vector`` k values:
+    the number of distinct 4-byte words one bank serves in one store."""
     worst = 1
     v = vector if (rows * bk) % vector == 0 else 1
     steps = -(-(rows * bk) // (threads * v))
@@ -90,7 +112,8 @@ def transposed_store_conflicts(rows: int, bk: int, vector: int, pad: int, thread
                 if f >= rows * bk:
                     continue
                 m, k = divmod(f, bk)
-                addr = k * (rows + pad) + m
+                col = swizzled(m, k, rows, v if bk % v == 0 else 1, swizzle) if swizzle else m
+                addr = k * (rows + pad) + col
                 banks.setdefault(addr % BANKS, set()).add(addr)
             if banks:
                 worst = max(worst, max(len(a) for a in banks.values()))
@@ -101,7 +124,7 @@ class CudaContractionSketch(Sketch):
     """Contraction groups on the GPU: shared-memory tiles of A and B, a register tile of C per thread."""
 
     name = "contraction"
-    version = 2
+    version = 3
     kinds = ("contraction",)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
@@ -116,6 +139,8 @@ class CudaContractionSketch(Sketch):
             Knob("min_blocks", (1, 2, 3, 4), "resident blocks per SM asked of ptxas (__launch_bounds__)"),
             Knob("smem_pad", (0, 1, 2, 4), "floats of padding per row of a transposed shared tile"),
             Knob("group_m", (1, 4, 8), "block rows per group of the grouped launch order"),
+            Knob("warp_rows", (0, 2, 4, 8), "warp tile: 0 row-major threads, r: warps of r x 32/r threads"),
+            Knob("swizzle", (0, 1, 2, 4), "4-float chunks a transposed shared row rotates per k group"),
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
@@ -147,6 +172,15 @@ class CudaContractionSketch(Sketch):
             raise ScheduleError(
                 f"contraction: min_blocks {blocks} x {smem} bytes of shared memory exceed an SM's"
             )
+        if config["swizzle"] and config["smem_pad"]:
+            raise ScheduleError("contraction: swizzle and smem_pad are alternatives (one of them must be 0)")
+        r = config["warp_rows"]
+        ny, nx = config["bm"] // config["tm"], config["bn"] // config["tn"]
+        if r and (ny % r or nx % (WARP // r)):
+            raise ScheduleError(
+                f"contraction: warp_rows {r} needs the {ny} x {nx} threads to split into warps of "
+                f"{r} x {WARP // r}"
+            )
         g = config["group_m"]
         if g > 1:
             rows = -(-m_ext // config["bm"])
@@ -157,7 +191,7 @@ class CudaContractionSketch(Sketch):
 
     def default(self, group: Group, target: Target) -> Config:
         m_ext, n_ext = G.anchor_extents(group)
-        extra = {"min_blocks": 1, "group_m": 1}
+        extra = {"min_blocks": 1, "group_m": 1, "warp_rows": 0, "swizzle": 0}
         if m_ext >= 512 and n_ext >= 512 and not G.is_conv(group):
             # large GEMMs: 128x128 block tiles, 8x8 per thread, prefetching double buffer
             # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90)
@@ -230,8 +264,8 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
         sch.bind(nb, "blockIdx.x")
     if config["min_blocks"] > 1:
         sch.func.attrs["min_blocks_per_sm"] = config["min_blocks"]
-    sch.bind(ty, "threadIdx.y")
-    sch.bind(tx, "threadIdx.x")
+    warp = config["warp_rows"]
+    _bind_threads(sch, ty, tx, warp)
     sch.unroll(ki)
     for lp in inner_k:
         if lp.extent <= 8:
@@ -241,6 +275,7 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
     acc = A.writes(mm)[0]
     init = sch.decompose_reduction(mm, ko)
     _bind_init(sch, init)
+    threads_y, threads_x = (ny // warp, (nx // (WARP // warp)) * WARP) if warp else (ny, nx)
     staged = False
     for operand, tiled in ((view.a, m_iv), (view.b, n_iv)):
         axes = _stage_axes(mm, operand, tiled)
@@ -258,11 +293,21 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
         if d_mn < d_k and config["smem_pad"]:  # stored transposed: pad its rows against bank conflicts
             # applied to the compacted tile by compiler.backends.cuda.lower (compaction would drop it here)
             sch.func.attrs.setdefault(SMEM_PAD, {})[cache.name] = config["smem_pad"]
-        cooperative(sch, copy, ko, ny, nx, config["vector"])
+        if d_mn < d_k and config["swizzle"]:  # or rotate its rows' 4-float chunks (lower.swizzle_shared)
+            group = _copy_k_group(operand, d_k, config["vector"], bk)
+            sch.func.attrs.setdefault(SMEM_SWIZZLE, {})[cache.name] = (group, config["swizzle"])
+        cooperative(sch, copy, ko, threads_y, threads_x, config["vector"])
     if staged and config["double_buffer"]:
         ko.annotations["double_buffer"] = 1  # lowered by compiler.backends.cuda.lower
     sch.reverse_compute_at(epi, nb)
-    _bind_epilogue(sch, mm, epi, acc, m_iv, n_iv, ny, nx, tm, tn)
+    _bind_epilogue(sch, mm, epi, acc, m_iv, n_iv, ny, nx, tm, tn, warp)
+
+
+def _copy_k_group(operand: Buffer, d_k: int, vector: int, bk: int) -> int:
+    """The k values one thread stores per step of the cooperative copy of a transposed tile (its float4
+    lanes when K is the operand's innermost axis): the swizzle rotates chunks per group of them."""
+    innermost = d_k == len(operand.shape) - 1
+    return vector if innermost and bk % vector == 0 else 1
 
 
 def _iter_var(block: Block, loop: For) -> IterVar | None:
@@ -272,8 +317,28 @@ def _iter_var(block: Block, loop: For) -> IterVar | None:
     return None
 
 
+def _bind_threads(sch: Schedule, ty: For, tx: For, warp_rows: int) -> None:
+    """Bind the thread-grid loops ``ty`` (extent ny, outer) and ``tx`` (nx) of a [ny, nx] thread tile.
+
+    ``warp_rows`` = 0: ``threadIdx.y = ty``, ``threadIdx.x = tx`` (a warp is 32 consecutive tx, i.e.
+    32 / nx rows of nx threads). ``warp_rows`` = r: warp tiling, ty = (wy, ly) and tx = (wx, lx) with
+    ly < r and lx < 32 / r; ``threadIdx.y = wy``, ``threadIdx.x = (wx, ly, lx)`` fused, so a warp (32
+    consecutive threadIdx.x) is an r x 32/r block of threads: it reads r*tm rows of the A tile and
+    32/r*tn columns of the B tile per k step (fewer distinct shared words than a 1 x 32 or 2 x 16 warp)."""
+    if not warp_rows:
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        return
+    wy, ly = sch.split(ty, [None, warp_rows])
+    wx, lx = sch.split(tx, [None, WARP // warp_rows])
+    sch.reorder(wy, wx, ly, lx)
+    sch.bind(wy, "threadIdx.y")
+    sch.bind(sch.fuse(wx, ly, lx), "threadIdx.x")
+
+
 def _bind_init(sch: Schedule, init: Block) -> None:
-    """The accumulator init copies the (ty, tx, i, j) loops serially: bind them like the main loop."""
+    """The accumulator init copies the (thread y, thread x, i, j) loops serially (after warp tiling's
+    split and fuse): bind them like the main loop."""
     loops = [lp for lp in sch.get_loops(init) if lp.kind != "thread"]
     if len(loops) < 4:
         raise ScheduleError(f"contraction (cuda): unexpected loops around {init.name}")
@@ -295,6 +360,7 @@ def _bind_epilogue(
     nx: int,
     tm: int,
     tn: int,
+    warp_rows: int,
 ) -> None:
     """Map the [bm, bn] region nest of the epilogue onto the threads exactly as the accumulator tile."""
     s_ivs = [iv for iv in mm.iter_vars if iv.kind == "S"]
@@ -318,8 +384,7 @@ def _bind_epilogue(
     order = [lp for lp in sch.get_loops(epi) if lp in (ety, emi, etx, eni)]
     if order != [ety, etx, emi, eni]:
         sch.reorder(ety, etx, emi, eni)
-    sch.bind(ety, "threadIdx.y")
-    sch.bind(etx, "threadIdx.x")
+    _bind_threads(sch, ety, etx, warp_rows)
     sch.unroll(emi)
     sch.unroll(eni)
 

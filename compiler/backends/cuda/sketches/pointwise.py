@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from compiler.backends import group_analysis as G
 from compiler.backends.cuda.lower import lower_gpu_func
-from compiler.backends.cuda.sketches.common import block_threads, localize
+from compiler.backends.cuda.sketches.common import block_threads, localize, narrow_memory, vector_widths
 from compiler.backends.sketch import Config, Knob, Sketch, output_blocks, place_windows, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
@@ -41,7 +41,11 @@ class CudaPointwiseSketch(Sketch):
         return [
             Knob("threads", (64, 128, 256, 512, 1024), "threads per block"),
             Knob("elems", (1, 2, 4, 8), "elements per thread"),
-            Knob("vector", (1, 2, 4), "vector width of loads and stores (float2/float4)"),
+            Knob(
+                "vector",
+                vector_widths(group),
+                "vector width of loads and stores (float2/float4; 16-bit floats: 4, 8 or 16 bytes)",
+            ),
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
@@ -50,6 +54,8 @@ class CudaPointwiseSketch(Sketch):
 
     def default(self, group: Group, target: Target) -> Config:
         shape = G.out_shape(group)
+        if narrow_memory(group) and shape[-1:] and shape[-1] % 8 == 0:  # 16-byte accesses of 8 halves
+            return {"threads": 256, "elems": 8, "vector": 8}
         return {"threads": 256, "elems": 4, "vector": 4 if shape[-1:] and shape[-1] % 4 == 0 else 1}
 
     def build(self, group: Group, config: Config, target: Target) -> Schedule:

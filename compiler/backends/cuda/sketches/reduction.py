@@ -18,7 +18,10 @@ memory once into C*V registers per thread (C = ceil(N / (T*V))); it is used when
 otherwise the row is re-read (from L1/L2) by each pass. ``keep_row=shared`` stages the block's rows in
 shared memory (R*N*4 bytes, up to the opt-in limit) with the same thread mapping, so long rows are read
 from global memory once. The default widens T (up to 1024) until a thread keeps at most 32 floats of the
-row in registers, and uses shared memory past that. Reductions that are not over trailing axes run one
+row in registers, and uses shared memory past that; a float32 softmax row too long for both takes
+``keep_row=online`` (``online_softmax.py``: a single pass keeps a running max and a rescaled sum, then
+one pass normalizes: two reads of the row instead of three). 16-bit float groups may take ``vector=8``
+(16-byte row loads). Reductions that are not over trailing axes run one
 output element per thread with serial reductions.
 
 Memory-bound details (every config):
@@ -39,14 +42,18 @@ from __future__ import annotations
 
 import math
 
+from compiler import dtypes
 from compiler.backends import group_analysis as G
 from compiler.backends.cuda.sketches.common import (
     is_param,
     localize,
+    narrow_memory,
     share_cache,
     thread_per_element,
     use_fast_math,
+    vector_widths,
 )
+from compiler.backends.cuda.sketches.online_softmax import is_softmax, online_softmax
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group, category
@@ -93,11 +100,16 @@ class CudaReductionSketch(Sketch):
         return [
             Knob("threads_per_row", (32, 64, 128, 256, 512, 1024), "threads cooperating on one row"),
             Knob("rows_per_block", (1, 2, 4, 8), "rows handled by one thread block"),
-            Knob("vector", (1, 2, 4), "vector width of row loads (float2/float4)"),
+            Knob(
+                "vector",
+                vector_widths(group),
+                "vector width of row loads (float2/float4; 16-bit floats: 4, 8 or 16 bytes)",
+            ),
             Knob(
                 "keep_row",
-                ("registers", "shared", "reread"),
-                "keep the row in registers, stage it in shared memory, or re-read it",
+                ("registers", "shared", "reread", "online"),
+                "keep the row in registers, stage it in shared memory, re-read it, or (softmax) re-read it "
+                "once after a single-pass running max and rescaled sum",
             ),
             Knob("unroll", (1, 4, 8), "unroll of the per-thread loop"),
             Knob("fast_math", (0, 1), "__expf/__logf intrinsics (1) or the exact expf/logf (0)"),
@@ -109,6 +121,8 @@ class CudaReductionSketch(Sketch):
         n = G.row_length(group)
         if n % config["vector"]:
             raise ScheduleError(f"reduction: vector {config['vector']} does not divide the row {n}")
+        if config["keep_row"] == "online" and not (G.row_form(group) and is_softmax(group)):
+            raise ScheduleError("reduction: keep_row=online is for float32 softmax rows only")
         if config["keep_row"] == "shared" and G.row_form(group):
             need = config["rows_per_block"] * n * 4
             if need > target.max_shared_bytes_optin:
@@ -120,15 +134,20 @@ class CudaReductionSketch(Sketch):
     def default(self, group: Group, target: Target) -> Config:
         n = G.row_length(group)
         v = 4 if n % 4 == 0 else 1
+        if narrow_memory(group) and n % 8 == 0 and n >= 256:
+            v = 8  # 16-bit floats: 16-byte row loads
         t = 32 if n <= 256 else 128 if n <= 2048 else 256
         while t < target.max_threads_per_block and -(-n // (t * v)) * v > MAX_ROW_REGISTERS // 2:
             t *= 2  # long rows: more threads per row until each keeps at most 32 floats of it
         fits = -(-n // (t * v)) * v <= MAX_ROW_REGISTERS
+        keep = "registers" if fits or n * 4 > target.max_shared_bytes_optin else "shared"
+        if not fits and keep == "registers" and G.row_form(group) and is_softmax(group):
+            keep = "online"  # a softmax row too long for registers and shared memory: read twice, not thrice
         return {
             "threads_per_row": t,
             "rows_per_block": 1,
             "vector": v,
-            "keep_row": "registers" if fits or n * 4 > target.max_shared_bytes_optin else "shared",
+            "keep_row": keep,
             "unroll": 1,
             "fast_math": 0,
         }
@@ -183,7 +202,8 @@ class CudaReductionSketch(Sketch):
                 _thread_tile(sch, b, ry, t, v)
         elif shared:
             _keep_row(sch, ry, tuple(shape), t, v, "shared")
-        for b in [b for b in sch.blocks() if b.is_reduction]:
+        reductions = [b for b in sch.blocks() if b.is_reduction]
+        for b in reductions:
             _cross_thread(sch, b, ry, t, v, u, registers)
         if col is not None:
             _, step, lane = _map_cols(sch, col, t, v)
@@ -191,6 +211,8 @@ class CudaReductionSketch(Sketch):
                 sch.vectorize(lane)
             _steps(sch, step, u, registers)
         localize(sch)
+        if config["keep_row"] == "online":
+            online_softmax(sch, reductions[0].name, reductions[1].name)
         return sch
 
 
@@ -337,7 +359,7 @@ def _reciprocal_of_row_constants(sch: Schedule) -> None:
         return bool(lds) and all(ld.buffer.uid in reduced for ld in lds)
 
     def rewrite(e: Expr) -> Expr | None:
-        if isinstance(e, Binary) and e.op == "/" and e.dtype.startswith("float") and row_constant(e.b):
+        if isinstance(e, Binary) and e.op == "/" and dtypes.is_float(e.dtype) and row_constant(e.b):
             return Binary("*", e.a, call("recip", e.b, dtype=e.dtype), e.dtype)
         return None
 

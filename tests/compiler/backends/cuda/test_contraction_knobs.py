@@ -1,6 +1,7 @@
-"""The CUDA contraction sketch's occupancy, padding and block-order knobs: what they print, that every
-combination computes the reference in the SIMT interpreter (hypothesis), the bank-conflict count behind
-``smem_pad``, the small-grid default, and nvcc (sm_80, sm_90) with -Xptxas -v."""
+"""The CUDA contraction sketch's occupancy, padding, swizzle, warp-tile and block-order knobs: what they
+print, that every combination computes the reference in the SIMT interpreter (hypothesis), the
+bank-conflict count behind ``smem_pad`` / ``swizzle``, the small-grid default, and nvcc (sm_80, sm_90)
+with -Xptxas -v."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def shared_shapes(func) -> list[tuple[int, ...]]:
 )
 def test_every_knob_combination_computes_the_reference(rows, group_m, pad, double_buffer, min_blocks):
     group = mm_group(32 * rows - 3, 40, 12)
-    config = {**SMALL, "double_buffer": double_buffer, "group_m": group_m, "smem_pad": pad}
+    config = {**SMALL, **PLAIN, "double_buffer": double_buffer, "group_m": group_m, "smem_pad": pad}
     config["min_blocks"] = min_blocks
     sketch = sketch_for(group, CUDA)
     try:
@@ -125,6 +126,58 @@ def test_small_m_default_fills_the_sms():
     assert (big["bm"], big["bn"], big["smem_pad"]) == (128, 128, 4)
 
 
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(
+    tile=st.sampled_from([(32, 32, 2, 2), (32, 64, 2, 4), (64, 32, 4, 2), (64, 64, 4, 4), (32, 32, 4, 4)]),
+    bk=st.sampled_from([8, 16]),
+    warp_rows=st.sampled_from([0, 2, 4, 8]),
+    swizzle=st.sampled_from([0, 1, 2, 4]),
+    pad=st.sampled_from([0, 2]),
+    double_buffer=st.sampled_from([0, 1]),
+    vector=st.sampled_from([1, 4]),
+)
+def test_every_warp_tile_and_swizzle_computes_the_reference(
+    tile, bk, warp_rows, swizzle, pad, double_buffer, vector
+):
+    bm, bn, tm, tn = tile
+    group = mm_group(bm + 5, bn - 3, 2 * bk + 4)
+    config = {**PLAIN, "bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn, "vector": vector}
+    config.update(double_buffer=double_buffer, warp_rows=warp_rows, swizzle=swizzle, smem_pad=pad)
+    try:
+        sketch_for(group, CUDA).check(group, config, CUDA)
+    except ScheduleError as e:
+        assert "warp_rows" in str(e) or "swizzle and smem_pad" in str(e), e
+        return
+    check_group(group, config)
+
+
+def test_warp_tiling_makes_each_warp_a_2d_block_of_threads():
+    group = mm_group(64, 64, 16)
+    config = {**SMALL, **PLAIN, "bm": 64, "bn": 64, "warp_rows": 4}  # 16 x 16 threads
+    func = check_group(group, config)
+    # threadIdx.y = warp row (16 / 4), threadIdx.x = (warp column, lane row, lane column) = 2 x 4 x 8
+    assert func.attrs["launch"]["block"] == [64, 4, 1]
+    with pytest.raises(
+        ScheduleError, match="warp_rows 2 needs the 8 x 8 threads to split into warps of 2 x 16"
+    ):
+        sketch_for(group, CUDA).check(group, {**SMALL, **PLAIN, "warp_rows": 2}, CUDA)
+
+
+def test_swizzle_removes_the_transposed_store_conflicts_and_keeps_float4_reads():
+    assert transposed_store_conflicts(128, 16, 4, 0, 256, swizzle=2) == 1  # pad 4 leaves 2-way
+    assert transposed_store_conflicts(64, 32, 4, 0, 256, swizzle=1) == 1  # unpadded: 8-way
+    assert transposed_store_conflicts(32, 16, 4, 0, 64, swizzle=2) == 1
+    group = mm_group(128, 128, 32)
+    config = {**BIG, **PLAIN, "swizzle": 2}
+    func = lowered(group, config)
+    func.name = "mm_swz"
+    text = generate_cuda([func], CUDA)
+    assert "reinterpret_cast<const float4*>(&in0_shared_db[" in text  # the A tile's register reads
+    assert sorted(shared_shapes(func)) == [(2, 16, 128), (2, 16, 128)]  # no padding
+    with pytest.raises(ScheduleError, match="swizzle and smem_pad are alternatives"):
+        sketch_for(group, CUDA).check(group, {**config, "smem_pad": 4}, CUDA)
+
+
 @cache
 def nvcc_resources(arch: str) -> dict:
     group = mm_group(1024, 1024, 256)
@@ -134,6 +187,9 @@ def nvcc_resources(arch: str) -> dict:
         ("gemm_pad4_occ2", {**BIG, **PLAIN, "smem_pad": 4, "min_blocks": 2}),
         ("gemm_pad2_grouped", {**BIG, **PLAIN, "smem_pad": 2, "group_m": 8}),
         ("gemm_small_occ4", {**SMALL, **PLAIN, "smem_pad": 1, "min_blocks": 4}),
+        ("gemm_warp4_swz2", {**BIG, **PLAIN, "warp_rows": 4, "swizzle": 2}),
+        ("gemm_warp8_swz2_occ2", {**BIG, **PLAIN, "warp_rows": 8, "swizzle": 2, "min_blocks": 2}),
+        ("gemm_small_warp4_swz1", {**SMALL, **PLAIN, "bm": 64, "bn": 64, "warp_rows": 4, "swizzle": 1}),
     ):
         func = lowered(group, cfg)
         func.name = name
@@ -145,7 +201,15 @@ def nvcc_resources(arch: str) -> dict:
 def test_contraction_kernels_compile_with_nvcc(arch):
     need_nvcc()
     res = nvcc_resources(arch)
-    assert set(res) == {"gemm_plain", "gemm_pad4_occ2", "gemm_pad2_grouped", "gemm_small_occ4"}
+    assert set(res) == {
+        "gemm_plain",
+        "gemm_pad4_occ2",
+        "gemm_pad2_grouped",
+        "gemm_small_occ4",
+        "gemm_warp4_swz2",
+        "gemm_warp8_swz2_occ2",
+        "gemm_small_warp4_swz1",
+    }
     # __launch_bounds__(256, 2): ptxas keeps 2 x 256 threads within the 65536 registers of an SM
     assert res["gemm_pad4_occ2"].registers <= 128
     for name, r in res.items():

@@ -75,7 +75,9 @@ def test_float16_memory_is_binary16_and_registers_are_float():
     func.name = "h_softmax"
     text = generate_cuda([func], CUDA)
     assert "const kiln_half* __restrict__ in0, kiln_half* __restrict__ divide" in text
-    assert "kiln_h2f(in0[" in text and "= kiln_f2h(" in text
+    # rows of 96 halves: 8-byte row loads (uint2: 4 halves), lanes widened from the words' halves
+    assert "const uint2 v = *reinterpret_cast<const uint2*>(&in0[" in text
+    assert "kiln_h2f((kiln_half)(v.x >> 16))" in text and "make_uint2(kiln_pack16(kiln_f2h(" in text
     assert "_Float16" not in text and "cvt.rn.f16.f32" in text
 
 

@@ -24,7 +24,8 @@ def need_nvcc() -> None:
         pytest.skip("nvcc is not installed: the CUDA compile checks need the CUDA toolkit (nvcc on PATH)")
 
 
-PLAIN = {"min_blocks": 1, "smem_pad": 0, "group_m": 1}  # contraction knobs left at their plain values
+# contraction knobs left at their plain values
+PLAIN = {"min_blocks": 1, "smem_pad": 0, "group_m": 1, "warp_rows": 0, "swizzle": 0}
 
 
 def lowered(group: Group, config: dict | None = None) -> PrimFunc:
