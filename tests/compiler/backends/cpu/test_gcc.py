@@ -78,10 +78,11 @@ def test_library_functions_and_threads(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     import numpy as np
 
-    src = SMALL + "extern void omp_set_num_threads(int);\n"
-    src += "void kiln_set_num_threads(int n) { omp_set_num_threads(n); }\n"
+    src = SMALL + "static int threads;\nvoid kiln_set_num_threads(int n) { threads = n; }\n"
+    src += "int threads_set(void) { return threads; }\n"
     lib = cbuild.build(src)
-    lib.set_num_threads(1)
+    lib.set_num_threads(3)
+    assert lib.lib.threads_set() == 3
     x = np.arange(64, dtype=np.float32)
     y = np.empty_like(x)
     lib.function("add_one", 2)(x.ctypes.data, y.ctypes.data)
