@@ -228,7 +228,7 @@ class CPrinter(CStylePrinter):
     def _emit_outlined(self, s: For) -> None:
         """The loop as a chunk function ``static void F(void* ctx, int64_t lo, int64_t hi)`` printed before
         the kernel, with a context struct of everything its body uses from the kernel (buffer pointers,
-        loop and let variables, register variables read by value), and here the struct and
+        loop and let variables), and here the struct and
         ``kiln_parallel_for(F, &ctx, extent)`` (:mod:`compiler.backends.cpu.pool`)."""
         assert self.func is not None
         fname = f"kiln_par_{self.func.name}_{len(self.outlined)}"
@@ -262,11 +262,12 @@ class CPrinter(CStylePrinter):
             )
         )
         init = ", ".join(name for _, name, _ in fields) or "0"
-        with self.block(""):
-            cvar = self.names.fresh("kiln_c")
-            self.line(f"struct {fname} {cvar} = {{{init}}};")
-            self.line(f"kiln_parallel_for({fname}, &{cvar}, {s.extent});")
-            self.names.release(cvar)
+        cvar = self.names.fresh("kiln_c")
+        self.line("{")
+        self.line(f"{self.indent_unit}struct {fname} {cvar} = {{{init}}};")
+        self.line(f"{self.indent_unit}kiln_parallel_for({fname}, &{cvar}, {s.extent});")
+        self.line("}")
+        self.names.release(cvar)
 
     def _captures(self, s: For) -> list[tuple[str, str, str]]:
         """What the body of parallel loop ``s`` uses from the enclosing kernel: (field type, C name,
@@ -274,7 +275,6 @@ class CPrinter(CStylePrinter):
         assert self.func is not None
         inner = {x.buffer for x in walk_stmts(s.body) if isinstance(x, Allocate)}
         inputs = set(self.func.params[: self.func.num_inputs])
-        stored = {x.buffer for x in walk_stmts(s.body) if isinstance(x, BufferStore)}
         out: list[tuple[str, str, str]] = []
         seen: set[str] = set()
 
@@ -297,18 +297,11 @@ class CPrinter(CStylePrinter):
                 if b in inner or b not in self.buf_names:
                     continue
                 name = self.buf_names[b]
-                if b in self.promoted:
-                    if b in stored:
-                        raise CompileError(
-                            f"kernel '{self.func.name}': register buffer '{b.name}' is declared outside "
-                            f"parallel loop '{s.var.name}' and written inside it (a data race): allocate it "
-                            "inside the loop"
-                        )
-                    width, names = self.promoted[b]
-                    t = c_type(b.dtype) if width == 1 else self.vector_type(b.dtype, width)
-                    for n in names:
-                        add(t, n, f"const {t} {n}")
-                    continue
+                if b in self.promoted:  # promote_locals leaves buffers used in parallel loops alone
+                    raise CompileError(
+                        f"internal: register buffer '{b.name}' of kernel '{self.func.name}' is used inside "
+                        f"parallel loop '{s.var.name}'"
+                    )
                 t = f"{'const ' if b in inputs else ''}{c_type(b.dtype)}*"
                 add(t, name, f"{t} {self.restrict} {name}")
         return out

@@ -54,6 +54,7 @@ static struct {
   int started;                  /* workers running */
   int atfork;                   /* child handler registered */
   long spin_ns;
+  uint32_t born;                /* generation of the last loop before the workers being created */
   pthread_t workers[KILN_POOL_MAX];
   pthread_mutex_t lock;         /* starting and stopping workers */
   /* shared words, accessed with __atomic builtins only */
@@ -99,7 +100,7 @@ static void kiln_pool_work(uint32_t g) {
 
 static void* kiln_pool_worker(void* arg) {
   int id = (int)(intptr_t)arg;
-  uint32_t seen = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE) >> 32);
+  uint32_t seen = kiln_pool.born;  /* the loop being set up when this worker was created is new to it */
   for (;;) {
     long spin_until = kiln_now_ns() + kiln_pool.spin_ns;
     int spins = 0;
@@ -161,6 +162,7 @@ static int kiln_pool_ready(void) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);  /* signals go to the process's own threads */
+    kiln_pool.born = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_RELAXED) >> 32);
     while (kiln_pool.started < threads - 1) {
       pthread_t t;
       if (pthread_create(&t, NULL, kiln_pool_worker, (void*)(intptr_t)kiln_pool.started) != 0) break;
