@@ -1,14 +1,15 @@
 """The C target: lowered PrimFuncs -> one C translation unit for gcc.
 
-``generate_c(funcs, target)`` prints the math prelude (only the parts used), then every kernel as an
-``extern`` function ``void NAME(const float* restrict x, float* restrict out)`` (inputs first, ``const``),
-and ``kiln_set_num_threads(int)``. With ``launches`` it also prints ``void kiln_run(void** buffers)``, which
-calls each launch in order with ``buffers[id]`` for each buffer id in its argument list, so one ctypes call
-runs a whole model.
+``generate_c(funcs, target)`` prints the thread pool and ``kiln_set_num_threads(int)``
+(:mod:`compiler.backends.cpu.pool`), the math prelude (only the parts used), then every kernel as an
+``extern`` function ``void NAME(const float* restrict x, float* restrict out)`` (inputs first, ``const``).
+With ``launches`` it also prints ``void kiln_run(void** buffers)``, which calls each launch in order with
+``buffers[id]`` for each buffer id in its argument list, so one ctypes call runs a whole model.
 
-Loop kinds: ``parallel`` -> ``#pragma omp parallel for schedule(static)`` on the outermost parallel loop
-(nested ones run serially inside it); ``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left
-to gcc); ``thread`` -> CompileError. Allocations up to 64 KiB are aligned stack arrays, larger ones
+Loop kinds: ``parallel`` -> the outermost parallel loop is outlined into a chunk function plus a context
+struct and run by ``kiln_parallel_for`` on the pool (nested ones run serially inside it; with
+``parallel="openmp"`` / ``$KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``);
+``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError. Allocations up to 64 KiB are aligned stack arrays, larger ones
 ``aligned_alloc``/``free`` around their body.
 
 Before printing, :func:`prepare` runs the C target's loop-IR passes on each kernel: vectorized loops split to
@@ -134,7 +135,7 @@ _INFIX = ("+", "-", "*", "/", "//", "%")
 
 
 class CPrinter(CStylePrinter):
-    """C99 (gnu11) with OpenMP and GCC vector extensions."""
+    """C99 (gnu11) with GCC vector extensions; parallel loops on the thread pool (or OpenMP)."""
 
     def __init__(self, target: object | None = None, parallel: str = "pool") -> None:
         super().__init__(target)
