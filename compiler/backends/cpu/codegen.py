@@ -9,8 +9,9 @@ With ``launches`` it also prints ``void kiln_run(void** buffers)``, which calls 
 Loop kinds: ``parallel`` -> the outermost parallel loop is outlined into a chunk function plus a context
 struct and run by ``kiln_parallel_for`` on the pool (nested ones run serially inside it; with
 ``parallel="openmp"`` / ``$KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``);
-``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError. Allocations up to 64 KiB are aligned stack arrays, larger ones
-``aligned_alloc``/``free`` around their body.
+``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError.
+Allocations up to 64 KiB are aligned stack arrays, larger ones ``aligned_alloc``/``free`` around their
+body.
 
 Before printing, :func:`prepare` runs the C target's loop-IR passes on each kernel: vectorized loops split to
 the target's vector width, register promotion of local buffers (``compiler.loopir.promote``), explicit SIMD
