@@ -63,8 +63,9 @@ def _host_id() -> str:
 
 
 def flags_for(source: str) -> tuple[str, ...]:
-    """:data:`FLAGS`, plus ``-fopenmp`` for a source generated with OpenMP parallel loops."""
-    return FLAGS + OPENMP_FLAGS if OPENMP_MARK in source else FLAGS
+    """:data:`FLAGS`, plus ``-fopenmp`` for a source generated with OpenMP parallel loops (``parallel=
+    "openmp"``, or a model saved before the thread pool: its ``model.c`` has ``#pragma omp``)."""
+    return FLAGS + OPENMP_FLAGS if OPENMP_MARK in source or "#pragma omp" in source else FLAGS
 
 
 def cache_key(source: str, flags: tuple[str, ...] | None = None) -> str:
