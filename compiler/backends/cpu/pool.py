@@ -10,7 +10,9 @@ loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
   the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a loop starts
   claims nothing, so the caller runs those chunks instead of waiting at a barrier for that thread;
 * workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US``) after their last
-  chunk, then sleep on a futex; the caller wakes them with one ``futex_wake`` only when some sleep;
+  chunk, calling ``sched_yield()`` every few microseconds so that a spinning worker gives its CPU to any
+  runnable thread (the caller, on a busy machine), then sleep on a futex; the caller wakes them with one
+  ``futex_wake`` only when some sleep;
 * ``threads`` = what ``kiln_set_num_threads(n)`` last set (caller included), else the CPUs of the process's
   affinity mask. The pool belongs to one library (its state is ``static``), is started lazily by its first
   parallel loop with ``threads - 1`` workers, and is stopped (workers joined) by the library's destructor,
@@ -29,7 +31,10 @@ counted as finished, so the caller sees the stored data once it returns.
 from __future__ import annotations
 
 CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a short tail under load
-SPIN_US = 50  # default spin of an idle worker before it sleeps
+# default spin of an idle worker before it sleeps: back-to-back calls of a model keep the workers awake. A
+# worker woken from its futex on this loaded 2-core machine was often placed on the caller's CPU and took
+# part late (rmsnorm-like loop: ~760 us with a 50 us spin where OpenMP took ~380 and a 1 ms spin ~390-490)
+SPIN_US = 1000
 
 POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
 #define _GNU_SOURCE
@@ -114,7 +119,10 @@ static void* kiln_pool_worker(void* arg) {
         continue;
       }
       kiln_pause();
-      if ((++spins & 63) == 0 && kiln_now_ns() > spin_until) break;
+      if ((++spins & 63) == 0) {  /* every few microseconds: give way to a runnable thread on this CPU */
+        if (kiln_now_ns() > spin_until) break;
+        sched_yield();
+      }
     }
     /* sleep until the next loop: read the futex word, announce, check again, wait */
     uint32_t s = __atomic_load_n(&kiln_pool.wake, __ATOMIC_SEQ_CST);
