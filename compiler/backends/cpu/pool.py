@@ -10,9 +10,12 @@ loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
   the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a loop starts
   claims nothing, so the caller runs those chunks instead of waiting at a barrier for that thread;
 * workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US``) after their last
-  chunk, calling ``sched_yield()`` every few microseconds so that a spinning worker gives its CPU to any
-  runnable thread (the caller, on a busy machine), then sleep on a futex; the caller wakes them with one
-  ``futex_wake`` only when some sleep;
+  chunk, then sleep on a futex; the caller wakes them with one ``futex_wake`` only when some sleep;
+* a worker never spins nor takes chunks on the CPU the caller started the loop on (the two would only take
+  turns, and a spinning worker there halves the caller's speed): it moves itself to another CPU of its
+  affinity mask (its mask without that CPU for a moment, then the whole mask again: a nudge, not a pin; at
+  most once a millisecond), and sleeps if it cannot. On the loaded 2-core machine the scheduler otherwise
+  kept a worker woken by the caller on the caller's CPU;
 * ``threads`` = what ``kiln_set_num_threads(n)`` last set (caller included), else the CPUs of the process's
   affinity mask. The pool belongs to one library (its state is ``static``), is started lazily by its first
   parallel loop with ``threads - 1`` workers, and is stopped (workers joined) by the library's destructor,
@@ -31,9 +34,7 @@ counted as finished, so the caller sees the stored data once it returns.
 from __future__ import annotations
 
 CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a short tail under load
-# default spin of an idle worker before it sleeps: back-to-back calls of a model keep the workers awake. A
-# worker woken from its futex on this loaded 2-core machine was often placed on the caller's CPU and took
-# part late (rmsnorm-like loop: ~760 us with a 50 us spin where OpenMP took ~380 and a 1 ms spin ~390-490)
+# default spin of an idle worker before it sleeps, so that back-to-back calls of a model find it awake
 SPIN_US = 1000
 
 POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
@@ -68,9 +69,10 @@ static struct {
   void* ctx;
   int64_t extent, chunks, finished;
   int active;                   /* workers that take part: threads - 1 */
+  int caller_cpu;               /* the CPU of the thread that started the current loop */
   uint32_t wake;                /* futex word, bumped for every loop */
   int sleepers, stop, busy;
-} kiln_pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} kiln_pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .caller_cpu = -1};
 
 static inline void kiln_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -82,6 +84,26 @@ static long kiln_now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* On the caller's CPU, move this worker to another CPU of its affinity mask (the mask without that CPU
+   for a moment, then the whole mask again: a nudge, not a pin), at most once a millisecond; the scheduler
+   otherwise keeps a worker woken by the caller on the caller's CPU on a busy machine. True when the worker
+   is still beside the caller (it should not spin there nor take chunks). */
+static int kiln_crowded(long* nudged) {
+  int cpu = __atomic_load_n(&kiln_pool.caller_cpu, __ATOMIC_RELAXED);
+  if (sched_getcpu() != cpu) return 0;
+  long now = kiln_now_ns();
+  if (now - *nudged < 1000000L) return 1;
+  *nudged = now;
+  cpu_set_t all, others;
+  pthread_t self = pthread_self();
+  if (cpu < 0 || cpu >= CPU_SETSIZE || pthread_getaffinity_np(self, sizeof all, &all) != 0) return 1;
+  others = all;
+  CPU_CLR(cpu, &others);
+  if (CPU_COUNT(&others) == 0 || pthread_setaffinity_np(self, sizeof others, &others) != 0) return 1;
+  pthread_setaffinity_np(self, sizeof all, &all);
+  return sched_getcpu() == cpu;
 }
 
 /* claim and run chunks of loop generation g until none is left or another loop started */
@@ -106,6 +128,7 @@ static void kiln_pool_work(uint32_t g) {
 static void* kiln_pool_worker(void* arg) {
   int id = (int)(intptr_t)arg;
   uint32_t seen = kiln_pool.born;  /* the loop being set up when this worker was created is new to it */
+  long nudged = 0;
   for (;;) {
     long spin_until = kiln_now_ns() + kiln_pool.spin_ns;
     int spins = 0;
@@ -114,15 +137,15 @@ static void* kiln_pool_worker(void* arg) {
       uint32_t g = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE) >> 32);
       if (g != seen) {
         seen = g;
-        if (id < __atomic_load_n(&kiln_pool.active, __ATOMIC_ACQUIRE)) kiln_pool_work(g);
+        if (id < __atomic_load_n(&kiln_pool.active, __ATOMIC_ACQUIRE) && !kiln_crowded(&nudged))
+          kiln_pool_work(g);
         spin_until = kiln_now_ns() + kiln_pool.spin_ns;
         continue;
       }
       kiln_pause();
-      if ((++spins & 63) == 0) {  /* every few microseconds: give way to a runnable thread on this CPU */
-        if (kiln_now_ns() > spin_until) break;
-        sched_yield();
-      }
+      /* every few microseconds: stop spinning after spin_ns, or at once on the caller's CPU (spinning
+         there would take half of the caller's time) */
+      if ((++spins & 63) == 0 && (kiln_now_ns() > spin_until || kiln_crowded(&nudged))) break;
     }
     /* sleep until the next loop: read the futex word, announce, check again, wait */
     uint32_t s = __atomic_load_n(&kiln_pool.wake, __ATOMIC_SEQ_CST);
@@ -222,6 +245,7 @@ __attribute__((noinline, noclone)) static void kiln_parallel_for(kiln_task_fn fn
   __atomic_store_n(&kiln_pool.extent, extent, __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.chunks, n, __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.finished, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.claim, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&kiln_pool.wake, 1, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&kiln_pool.sleepers, __ATOMIC_SEQ_CST) > 0)

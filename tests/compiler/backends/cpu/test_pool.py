@@ -203,6 +203,9 @@ def test_pool_workers_claim_chunks_and_survive_fork_concurrency_and_dlclose(tmp_
     import os
     from pathlib import Path
 
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this process may run on one CPU only: a worker never takes chunks beside the caller")
+
     root = str(Path(__file__).resolve().parents[4])
     env = {**os.environ, "PYTHONPATH": root, "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.run(
