@@ -27,9 +27,9 @@ outputs per call.
 ``--runtimes`` compares instead how Kiln's parallel loops run (``bind()``, default schedules): the thread
 pool (``compiler/backends/cpu/pool.py``, the default) against the same kernels built with OpenMP
 (``KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``, libgomp), with onnxruntime
-(IOBinding) as the reference, each round once on the machine as it is ("quiet") and once while ``--load``
-busy-loop processes run ("loaded", started before and killed after that half of the round; the two halves
-alternate which comes first):
+(IOBinding) as the reference, each contender in a process of its own, each round once on the machine as it
+is ("quiet") and once while ``--load`` busy-loop processes run ("loaded", started before and killed after
+that half of the round; the two halves alternate which comes first):
 
     python scripts/bench_cpu_kernels.py --runtimes --load 1 --out table.md
 """
@@ -230,9 +230,79 @@ class BusyLoad:
             p.wait()
 
 
+RUNTIME_CONTENDERS = ("kiln pool", "kiln openmp", "onnxruntime")
+
+
+def _contender_process(conn, who: str, name: str, threads: int) -> None:
+    """One contender of --runtimes in a process of its own: build it, check its outputs, then answer each
+    request ``min_time`` with one round median (None ends). Its threads (the pool's workers, libgomp's,
+    onnxruntime's) spin or sleep in this process only, never during another contender's round."""
+    try:
+        from compiler.reference import random_inputs, run_reference
+        from compiler.target import Target
+
+        graph = graph_for(name)
+        inputs = random_inputs(graph, seed=0)
+        refs = run_reference(graph, inputs)
+        if who == "onnxruntime":
+            fn = ort_iobinding(graph, inputs, threads)
+        else:
+            model = kiln_with_runtime(graph, Target.host(), who.split()[1], threads)
+            fn = model.bind(inputs, out=[np.empty_like(r) for r in refs])
+        if fn is None:
+            conn.send(("missing", f"{who} is not installed"))
+            return
+        check(who, name, fn(), refs)
+    except BaseException as exc:  # check() raises SystemExit: the parent reports it
+        conn.send(("error", f"{who} on {name}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while (min_time := conn.recv()) is not None:
+        conn.send(round_median(fn, min_time))
+
+
+class Contenders:
+    """The --runtimes contenders of one workload, each in its own spawned process."""
+
+    def __init__(self, name: str, threads: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = {}, []
+        for who in RUNTIME_CONTENDERS:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_contender_process, args=(child, who, name, threads), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            self.conns[who] = parent
+        for who in list(self.conns):
+            status, detail = self.conns[who].recv()
+            if status == "error":
+                self.close()
+                raise SystemExit(detail)
+            if status == "missing":
+                print(detail, flush=True)
+                del self.conns[who]
+
+    def round(self, min_time: float, start: int) -> dict[str, float]:
+        """One round median per contender, in the order rotated by ``start``."""
+        names = list(self.conns)
+        k = start % len(names)
+        out = {}
+        for who in names[k:] + names[:k]:
+            self.conns[who].send(min_time)
+            out[who] = self.conns[who].recv()
+        return out
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+
+
 def runtimes_main(args) -> int:
     """--runtimes: Kiln's thread pool vs OpenMP vs onnxruntime, quiet and under a busy-loop load."""
-    from compiler.reference import random_inputs, run_reference
     from compiler.target import Target
     from scripts.bench_common import machine_line, markdown_table
 
@@ -240,34 +310,25 @@ def runtimes_main(args) -> int:
     conditions = ("quiet", "loaded")
     rows = []
     for name in args.workloads or RUNTIME_WORKLOADS:
-        graph = graph_for(name)
-        inputs = random_inputs(graph, seed=0)
-        refs = run_reference(graph, inputs)
-        contenders: dict[str, Callable[[], object]] = {}
-        for runtime in ("pool", "openmp"):
-            model = kiln_with_runtime(graph, target, runtime, args.threads)
-            contenders[f"kiln {runtime}"] = model.bind(inputs, out=[np.empty_like(r) for r in refs])
-        ort = ort_iobinding(graph, inputs, args.threads)
-        if ort is not None:
-            contenders["onnxruntime"] = ort
-        for who, fn in contenders.items():
-            check(who, name, fn(), refs)
+        contenders = Contenders(name, args.threads)
         per: dict[tuple[str, str], list[float]] = {}
-        for r in range(args.rounds):
-            for cond in conditions if r % 2 == 0 else conditions[::-1]:
-                with BusyLoad(args.load if cond == "loaded" else 0):
-                    one = rotated_rounds(contenders, 1, args.min_time, start=r)
-                for who, v in one.items():
-                    per.setdefault((cond, who), []).extend(v)
+        try:
+            for r in range(args.rounds):
+                for cond in conditions if r % 2 == 0 else conditions[::-1]:
+                    with BusyLoad(args.load if cond == "loaded" else 0):
+                        for who, median in contenders.round(args.min_time, start=r).items():
+                            per.setdefault((cond, who), []).append(median)
+        finally:
+            contenders.close()
         med = {k: statistics.median(v) for k, v in per.items()}
         for cond in conditions:
             row = {"workload": name, "machine": cond}
-            for who in contenders:
+            for who in contenders.conns:
                 v = per[(cond, who)]
                 fmt = ",.0f" if med[(cond, who)] >= 100 else ".1f"
                 row[who] = f"{med[(cond, who)]:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
             row["pool vs openmp"] = f"{med[(cond, 'kiln openmp')] / med[(cond, 'kiln pool')]:.2f}x"
-            if "onnxruntime" in contenders:
+            if "onnxruntime" in contenders.conns:
                 row["pool vs onnxruntime"] = f"{med[(cond, 'onnxruntime')] / med[(cond, 'kiln pool')]:.2f}x"
             rows.append(row)
             print(row, flush=True)
@@ -282,9 +343,10 @@ def runtimes_main(args) -> int:
         f"times every contender once on the machine as it was ('quiet') and once while {args.load} "
         "busy-loop process(es) ran ('loaded'), the halves alternating which comes first and the contenders "
         "in rotated order; median over rounds of per-round medians in microseconds, lowest..highest round "
-        "median in brackets. Outputs checked against the numpy reference first. Both Kiln builds run the "
-        "same kernels (default schedules) with inputs and outputs bound once; onnxruntime with IOBinding. "
-        "Ratios > 1: the pool is faster.\n\n"
+        "median in brackets. Every contender runs in a process of its own (its idle threads spin or sleep "
+        "there, not in the next contender's round). Outputs checked against the numpy reference first. Both "
+        "Kiln builds run the same kernels (default schedules) with inputs and outputs bound once; "
+        "onnxruntime with IOBinding. Ratios > 1: the pool is faster.\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
     print(text)
