@@ -5,9 +5,9 @@ overhead decides (the zoo's mlp, and an MNIST-sized MLP with batch 1).
 
 Method (the same for every contender):
 
-* the same number of threads for everyone (``--threads``, default 2): Kiln's OpenMP threads, onnxruntime's
-  intra-op threads, torch's threads, and OpenBLAS's (numpy) through ``OPENBLAS_NUM_THREADS``, set before
-  numpy is imported;
+* the same number of threads for everyone (``--threads``, default 2): Kiln's threads per parallel loop,
+  onnxruntime's intra-op threads, torch's threads, and OpenBLAS's (numpy) through ``OPENBLAS_NUM_THREADS``,
+  set before numpy is imported;
 * every contender's output is checked against the numpy reference before it is timed;
 * rounds are interleaved and each round starts at a different contender (round r runs them in the order
   rotated by r), so slow drift of a shared machine hits everyone alike;
@@ -23,6 +23,15 @@ outputs per call.
     python scripts/bench_cpu_kernels.py                       # the host's ISA (AVX-512 here)
     KILN_HOST_ISA=avx2 python scripts/bench_cpu_kernels.py    # AVX2 code generated on this host
     python scripts/bench_cpu_kernels.py --workloads softmax_large rmsnorm --rounds 7 --out table.md
+
+``--runtimes`` compares instead how Kiln's parallel loops run (``bind()``, default schedules): the thread
+pool (``compiler/backends/cpu/pool.py``, the default) against the same kernels built with OpenMP
+(``KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``, libgomp), with onnxruntime
+(IOBinding) as the reference, each contender in a process of its own, each round once on the machine as it
+is ("quiet") and once while ``--load`` busy-loop processes run ("loaded", started before and killed after
+that half of the round; the two halves alternate which comes first):
+
+    python scripts/bench_cpu_kernels.py --runtimes --load 1 --out table.md
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 WORKLOADS = ["softmax_large", "rmsnorm", "layernorm", "matmul", "mlp", "mnist_mlp"]
+RUNTIME_WORKLOADS = ["rmsnorm", "softmax_large", "layernorm", "matmul", "bias_gelu"]
 
 
 def mnist_mlp():
@@ -173,26 +183,195 @@ def round_median(fn: Callable[[], object], min_time: float, max_iters: int = 200
     return statistics.median(samples)
 
 
-def rotated_rounds(contenders: dict[str, Callable[[], object]], rounds: int, min_time: float):
-    """{name: [round medians]}: round r times the contenders in their order rotated by r."""
+def rotated_rounds(contenders: dict[str, Callable[[], object]], rounds: int, min_time: float, start: int = 0):
+    """{name: [round medians]}: round r times the contenders in their order rotated by ``start + r``."""
     names = list(contenders)
     per: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        k = r % len(names)
+        k = (start + r) % len(names)
         for name in names[k:] + names[:k]:
             per[name].append(round_median(contenders[name], min_time))
     return per
 
 
+def kiln_with_runtime(graph, target, runtime: str, threads: int):
+    """The graph compiled with default schedules, its parallel loops on ``runtime`` (pool / openmp)."""
+    from tuner.api import compile as kiln_compile
+
+    old = os.environ.get("KILN_CPU_PARALLEL")
+    os.environ["KILN_CPU_PARALLEL"] = runtime
+    try:
+        model = kiln_compile(graph, target)
+    finally:
+        if old is None:
+            del os.environ["KILN_CPU_PARALLEL"]
+        else:
+            os.environ["KILN_CPU_PARALLEL"] = old
+    model.num_threads = threads
+    return model
+
+
+class BusyLoad:
+    """``n`` busy-loop processes while the context is open (killed by their pids on exit)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.procs = n, []
+
+    def __enter__(self) -> BusyLoad:
+        import subprocess
+
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        time.sleep(0.2)  # the interpreters are spinning
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+RUNTIME_CONTENDERS = ("kiln pool", "kiln openmp", "onnxruntime")
+
+
+def _contender_process(conn, who: str, name: str, threads: int) -> None:
+    """One contender of --runtimes in a process of its own: build it, check its outputs, then answer each
+    request ``min_time`` with one round median (None ends). Its threads (the pool's workers, libgomp's,
+    onnxruntime's) spin or sleep in this process only, never during another contender's round."""
+    try:
+        from compiler.reference import random_inputs, run_reference
+        from compiler.target import Target
+
+        graph = graph_for(name)
+        inputs = random_inputs(graph, seed=0)
+        refs = run_reference(graph, inputs)
+        if who == "onnxruntime":
+            fn = ort_iobinding(graph, inputs, threads)
+        else:
+            model = kiln_with_runtime(graph, Target.host(), who.split()[1], threads)
+            fn = model.bind(inputs, out=[np.empty_like(r) for r in refs])
+        if fn is None:
+            conn.send(("missing", f"{who} is not installed"))
+            return
+        check(who, name, fn(), refs)
+    except BaseException as exc:  # check() raises SystemExit: the parent reports it
+        conn.send(("error", f"{who} on {name}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while (min_time := conn.recv()) is not None:
+        conn.send(round_median(fn, min_time))
+
+
+class Contenders:
+    """The --runtimes contenders of one workload, each in its own spawned process."""
+
+    def __init__(self, name: str, threads: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = {}, []
+        for who in RUNTIME_CONTENDERS:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_contender_process, args=(child, who, name, threads), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            self.conns[who] = parent
+        for who in list(self.conns):
+            status, detail = self.conns[who].recv()
+            if status == "error":
+                self.close()
+                raise SystemExit(detail)
+            if status == "missing":
+                print(detail, flush=True)
+                del self.conns[who]
+
+    def round(self, min_time: float, start: int) -> dict[str, float]:
+        """One round median per contender, in the order rotated by ``start``."""
+        names = list(self.conns)
+        k = start % len(names)
+        out = {}
+        for who in names[k:] + names[:k]:
+            self.conns[who].send(min_time)
+            out[who] = self.conns[who].recv()
+        return out
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+
+
+def runtimes_main(args) -> int:
+    """--runtimes: Kiln's thread pool vs OpenMP vs onnxruntime, quiet and under a busy-loop load."""
+    from compiler.target import Target
+    from scripts.bench_common import machine_line, markdown_table
+
+    target = Target.host()
+    conditions = ("quiet", "loaded")
+    rows = []
+    for name in args.workloads or RUNTIME_WORKLOADS:
+        contenders = Contenders(name, args.threads)
+        per: dict[tuple[str, str], list[float]] = {}
+        try:
+            for r in range(args.rounds):
+                for cond in conditions if r % 2 == 0 else conditions[::-1]:
+                    with BusyLoad(args.load if cond == "loaded" else 0):
+                        for who, median in contenders.round(args.min_time, start=r).items():
+                            per.setdefault((cond, who), []).append(median)
+        finally:
+            contenders.close()
+        med = {k: statistics.median(v) for k, v in per.items()}
+        for cond in conditions:
+            row = {"workload": name, "machine": cond}
+            for who in contenders.conns:
+                v = per[(cond, who)]
+                fmt = ",.0f" if med[(cond, who)] >= 100 else ".1f"
+                row[who] = f"{med[(cond, who)]:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
+            row["pool vs openmp"] = f"{med[(cond, 'kiln openmp')] / med[(cond, 'kiln pool')]:.2f}x"
+            if "onnxruntime" in contenders.conns:
+                row["pool vs onnxruntime"] = f"{med[(cond, 'onnxruntime')] / med[(cond, 'kiln pool')]:.2f}x"
+            rows.append(row)
+            print(row, flush=True)
+    columns = ["workload", "machine", "kiln pool", "kiln openmp", "onnxruntime", "pool vs openmp"]
+    columns += ["pool vs onnxruntime"]
+    columns = [c for c in columns if any(c in r for r in rows)]
+    text = (
+        "# Kiln's parallel loops: thread pool vs OpenMP (default schedules, bind()) vs onnxruntime\n\n"
+        f"Machine: {machine_line()} (shared with other users: 'quiet' is the machine as it was, not idle); "
+        f"Kiln target `{target.key}`. `{command_line()}`; {args.threads} threads for every contender "
+        f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}). Each of {args.rounds} rounds "
+        f"times every contender once on the machine as it was ('quiet') and once while {args.load} "
+        "busy-loop process(es) ran ('loaded'), the halves alternating which comes first and the contenders "
+        "in rotated order; median over rounds of per-round medians in microseconds, lowest..highest round "
+        "median in brackets. Every contender runs in a process of its own (its idle threads spin or sleep "
+        "there, not in the next contender's round). Outputs checked against the numpy reference first. Both "
+        "Kiln builds run the same kernels (default schedules) with inputs and outputs bound once; "
+        "onnxruntime with IOBinding. Ratios > 1: the pool is faster.\n\n"
+        f"{markdown_table(rows, columns)}\n"
+    )
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", nargs="*", default=WORKLOADS)
+    ap.add_argument("--workloads", nargs="*", default=None, help=f"default {WORKLOADS}")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.25, help="seconds per contender per round")
     ap.add_argument("--no-torch", action="store_true", help="leave torch eager out")
     ap.add_argument("--out", help="also write the markdown table here")
+    ap.add_argument(
+        "--runtimes",
+        action="store_true",
+        help=f"thread pool vs OpenMP vs onnxruntime, quiet and loaded (workloads {RUNTIME_WORKLOADS})",
+    )
+    ap.add_argument("--load", type=int, default=1, help="--runtimes: busy-loop processes in loaded rounds")
     args = ap.parse_args()
+    if args.runtimes:
+        return runtimes_main(args)
 
     from compiler.reference import random_inputs, run_reference
     from compiler.target import Target
@@ -201,7 +380,7 @@ def main() -> int:
 
     target = Target.host()
     rows = []
-    for name in args.workloads:
+    for name in args.workloads or WORKLOADS:
         graph = graph_for(name)
         inputs = random_inputs(graph, seed=0)
         refs = run_reference(graph, inputs)

@@ -39,6 +39,6 @@ def test_show_stages():
     code = kiln("show", "--model", "mlp", "--stage", "code")
     assert (
         code.returncode == 0
-        and "#pragma omp parallel for" in code.stdout
+        and "kiln_parallel_for(" in code.stdout
         and "void g0_matmul(" in code.stdout
     )

@@ -1,4 +1,4 @@
-"""The CPU backend: C with OpenMP and GCC vector extensions, built with gcc, run through ctypes."""
+"""The CPU backend: C with a thread pool and GCC vector extensions, built with gcc, run through ctypes."""
 
 from __future__ import annotations
 

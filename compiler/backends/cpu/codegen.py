@@ -1,15 +1,17 @@
 """The C target: lowered PrimFuncs -> one C translation unit for gcc.
 
-``generate_c(funcs, target)`` prints the math prelude (only the parts used), then every kernel as an
-``extern`` function ``void NAME(const float* restrict x, float* restrict out)`` (inputs first, ``const``),
-and ``kiln_set_num_threads(int)``. With ``launches`` it also prints ``void kiln_run(void** buffers)``, which
-calls each launch in order with ``buffers[id]`` for each buffer id in its argument list, so one ctypes call
-runs a whole model.
+``generate_c(funcs, target)`` prints the thread pool and ``kiln_set_num_threads(int)``
+(:mod:`compiler.backends.cpu.pool`), the math prelude (only the parts used), then every kernel as an
+``extern`` function ``void NAME(const float* restrict x, float* restrict out)`` (inputs first, ``const``).
+With ``launches`` it also prints ``void kiln_run(void** buffers)``, which calls each launch in order with
+``buffers[id]`` for each buffer id in its argument list, so one ctypes call runs a whole model.
 
-Loop kinds: ``parallel`` -> ``#pragma omp parallel for schedule(static)`` on the outermost parallel loop
-(nested ones run serially inside it); ``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left
-to gcc); ``thread`` -> CompileError. Allocations up to 64 KiB are aligned stack arrays, larger ones
-``aligned_alloc``/``free`` around their body.
+Loop kinds: ``parallel`` -> the outermost parallel loop is outlined into a chunk function plus a context
+struct and run by ``kiln_parallel_for`` on the pool (nested ones run serially inside it; with
+``parallel="openmp"`` / ``$KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``);
+``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError.
+Allocations up to 64 KiB are aligned stack arrays, larger ones ``aligned_alloc``/``free`` around their
+body.
 
 Before printing, :func:`prepare` runs the C target's loop-IR passes on each kernel: vectorized loops split to
 the target's vector width, register promotion of local buffers (``compiler.loopir.promote``), explicit SIMD
@@ -30,11 +32,12 @@ min/max print as ``a > b ? a : b``, which gcc turns into maxps/minps: when ``a``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from compiler import dtypes
-from compiler.backends.cpu import vectorize
+from compiler.backends.cpu import pool, vectorize
 from compiler.backends.cpu.kiln_math import Prelude
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
@@ -52,6 +55,7 @@ from compiler.loopir.expr import (
     MakeVector,
     Ramp,
     Select,
+    Var,
     element_dtype,
     lanes_of,
     vector_dtype,
@@ -59,14 +63,35 @@ from compiler.loopir.expr import (
 )
 from compiler.loopir.index_width import index_overflow, mark_index_width
 from compiler.loopir.promote import expand_fallback_loops, promote_locals
-from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc, Stmt, stmt_exprs, walk_stmts
+from compiler.loopir.stmt import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    For,
+    PrimFunc,
+    Stmt,
+    stmt_exprs,
+    walk_stmts,
+)
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 # ``PrimFunc.attrs`` key: names of the kernel's buffers whose full-vector stores are non-temporal
 # (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
 STREAM_STORES = "stream_stores"
-CODEGEN_VERSION = "c-3"  # bump when generated code changes meaning (part of the kernel cache key)
+CODEGEN_VERSION = "c-4"  # bump when generated code changes meaning (part of the kernel cache key)
+# how parallel loops run: "pool" (compiler.backends.cpu.pool, the default) or "openmp" (``#pragma omp``;
+# the library must be built with -fopenmp: gcc.flags_for() adds it). $KILN_CPU_PARALLEL picks the default.
+PARALLEL_RUNTIMES = ("pool", "openmp")
+OPENMP_MARK = "/* parallel: openmp */"
+
+
+def default_parallel() -> str:
+    """The parallel runtime of generated C: ``$KILN_CPU_PARALLEL`` or ``pool``."""
+    value = os.environ.get("KILN_CPU_PARALLEL", "pool")
+    if value not in PARALLEL_RUNTIMES:
+        raise CompileError(f"KILN_CPU_PARALLEL={value!r}: expected one of {PARALLEL_RUNTIMES}")
+    return value
 
 
 def max_lanes(target: Any) -> int | None:
@@ -111,11 +136,20 @@ _INFIX = ("+", "-", "*", "/", "//", "%")
 
 
 class CPrinter(CStylePrinter):
-    """C99 (gnu11) with OpenMP and GCC vector extensions."""
+    """C99 (gnu11) with GCC vector extensions; parallel loops on the thread pool (or OpenMP)."""
 
-    def __init__(self, target: object | None = None) -> None:
+    def __init__(self, target: object | None = None, parallel: str = "pool") -> None:
         super().__init__(target)
+        if parallel not in PARALLEL_RUNTIMES:
+            raise CompileError(f"unknown CPU parallel runtime {parallel!r} (one of {PARALLEL_RUNTIMES})")
+        self.parallel = parallel
         self.prelude = Prelude()  # the parts of the math library the printed code uses
+        self.uses_pool = False  # some kernel has a parallel loop (the pool is printed)
+        self.outlined: list[str] = []
+
+    def _reset(self, func: PrimFunc | None) -> None:
+        super()._reset(func)
+        self.outlined = []  # chunk functions of the kernel being printed
 
     def math_call(self, name: str, args: list[str], dtype: str) -> str:
         a = args[0] if args else ""
@@ -159,28 +193,129 @@ class CPrinter(CStylePrinter):
 
     def function(self, func: PrimFunc) -> str:
         text = super().function(func)
-        if not self._streams():
+        if self._streams():
+            head, _, _ = text.rstrip().rpartition("}")
+            text = f"{head}{self.indent_unit}kiln_sfence();\n}}\n"
+        if not self.outlined:
             return text
-        head, _, _ = text.rstrip().rpartition("}")
-        return f"{head}{self.indent_unit}kiln_sfence();\n}}\n"
+        self.uses_pool = True
+        # the prototype first: gcc's errors in the chunk functions are blamed on this kernel (KERNEL_PATTERN)
+        proto = text.split(" {\n", 1)[0] + ";"
+        return "\n".join([proto, *self.outlined, text])
 
     def emit_parallel(self, s: For) -> None:
         self.in_parallel = True
         try:
-            if self._streams():  # every thread fences its own streaming stores before the barrier
-                self.line("#pragma omp parallel")
-                self.line("{")
-                self.depth += 1
-                self.line("#pragma omp for schedule(static) nowait")
-                self.emit_serial(s)
-                self.line("kiln_sfence();")
-                self.depth -= 1
-                self.line("}")
+            if self.parallel == "openmp":
+                self._emit_openmp(s)
             else:
-                self.line("#pragma omp parallel for schedule(static)")
-                self.emit_serial(s)
+                self._emit_outlined(s)
         finally:
             self.in_parallel = False
+
+    def _emit_openmp(self, s: For) -> None:
+        if self._streams():  # every thread fences its own streaming stores before the barrier
+            self.line("#pragma omp parallel")
+            self.line("{")
+            self.depth += 1
+            self.line("#pragma omp for schedule(static) nowait")
+            self.emit_serial(s)
+            self.line("kiln_sfence();")
+            self.depth -= 1
+            self.line("}")
+        else:
+            self.line("#pragma omp parallel for schedule(static)")
+            self.emit_serial(s)
+
+    def _emit_outlined(self, s: For) -> None:
+        """The loop as a chunk function ``static void F(void* ctx, int64_t lo, int64_t hi)`` printed before
+        the kernel, with a context struct of everything its body uses from the kernel (buffer pointers,
+        loop and let variables), and here the struct and
+        ``kiln_parallel_for(F, &ctx, extent)`` (:mod:`compiler.backends.cpu.pool`)."""
+        assert self.func is not None
+        fname = f"kiln_par_{self.func.name}_{len(self.outlined)}"
+        fields = self._captures(s)
+        saved_lines, saved_depth = self.lines, self.depth
+        self.lines, self.depth = [], 1
+        try:
+            arg, lo, hi = (self.names.fresh(x) for x in ("kiln_arg", "kiln_lo", "kiln_hi"))
+            ctx = self.names.fresh("kiln_ctx")
+            self.line(f"const struct {fname}* {ctx} = (const struct {fname}*){arg};")
+            for _, name, local in fields:
+                self.line(f"{local} = {ctx}->{name};")
+            with (
+                self.loop_var(s.var, s.extent) as v,
+                self.block(f"for ({self.index_ctype} {v} = {lo}; {v} < {hi}; ++{v})"),
+            ):
+                self.stmt(s.body)
+            if self._streams():
+                self.line("kiln_sfence();")  # before the chunk counts as finished
+            for x in (arg, lo, hi, ctx):
+                self.names.release(x)
+            body = self.lines
+        finally:
+            self.lines, self.depth = saved_lines, saved_depth
+        struct = [f"struct {fname} {{", *(f"  {ctype} {name};" for ctype, name, _ in fields), "};"]
+        if not fields:
+            struct = [f"struct {fname} {{ char unused; }};"]
+        self.outlined.append(
+            "\n".join(
+                [*struct, f"static void {fname}(void* {arg}, int64_t {lo}, int64_t {hi}) {{", *body, "}"]
+            )
+        )
+        init = ", ".join(name for _, name, _ in fields) or "0"
+        cvar = self.names.fresh("kiln_c")
+        self.line("{")
+        self.line(f"{self.indent_unit}struct {fname} {cvar} = {{{init}}};")
+        self.line(f"{self.indent_unit}kiln_parallel_for({fname}, &{cvar}, {s.extent});")
+        self.line("}")
+        self.names.release(cvar)
+
+    def _captures(self, s: For) -> list[tuple[str, str, str]]:
+        """What the body of parallel loop ``s`` uses from the enclosing kernel: (field type, C name,
+        declaration of the chunk function's local copy), in first-use order."""
+        assert self.func is not None
+        inner = {x.buffer for x in walk_stmts(s.body) if isinstance(x, Allocate)}
+        inputs = set(self.func.params[: self.func.num_inputs])
+        out: list[tuple[str, str, str]] = []
+        seen: set[str] = set()
+
+        def add(ctype: str, name: str, local: str) -> None:
+            if name not in seen:
+                seen.add(name)
+                out.append((ctype, name, local))
+
+        for st in walk_stmts(s.body):
+            used_bufs = [st.buffer] if isinstance(st, BufferStore) else []
+            for e in stmt_exprs(st):
+                for x in walk(e):
+                    if isinstance(x, Load):
+                        used_bufs.append(x.buffer)
+                    elif isinstance(x, Var) and x in self.var_names and x not in self.consts:
+                        t = self.let_ctype(x)
+                        name = self.var_names[x]
+                        add(t, name, f"const {t} {name}")
+            for b in used_bufs:
+                if b in inner or b not in self.buf_names:
+                    continue
+                name = self.buf_names[b]
+                if b in self.promoted:  # promote_locals leaves buffers used in parallel loops alone
+                    raise CompileError(
+                        f"internal: register buffer '{b.name}' of kernel '{self.func.name}' is used inside "
+                        f"parallel loop '{s.var.name}'"
+                    )
+                t = f"{'const ' if b in inputs else ''}{c_type(b.dtype)}*"
+                add(t, name, f"{t} {self.restrict} {name}")
+        return out
+
+    def let_ctype(self, var: Var) -> str:
+        """The C type of a loop or let variable (as the base printer declares it)."""
+        lanes = lanes_of(var.dtype)
+        if lanes > 1:
+            return self.vector_type(element_dtype(var.dtype), lanes)
+        if var.dtype == "int32":
+            return self.index_ctype
+        return c_type(var.dtype)
 
     def emit_thread_loop(self, s: For) -> None:
         name = self.func.name if self.func else "?"
@@ -300,10 +435,16 @@ class CPrinter(CStylePrinter):
         )
 
 
-def generate_c(funcs: Sequence[PrimFunc], target: Any = None, launches: Sequence[Any] | None = None) -> str:
-    """One C translation unit: the prelude, every kernel, ``kiln_set_num_threads`` and, when
-    ``launches`` (objects with ``.kernel`` and ``.args``, buffer ids) is given, ``kiln_run``."""
-    printer = CPrinter(target)
+def generate_c(
+    funcs: Sequence[PrimFunc],
+    target: Any = None,
+    launches: Sequence[Any] | None = None,
+    parallel: str | None = None,
+) -> str:
+    """One C translation unit: the thread pool (when a kernel has a parallel loop), the prelude, every
+    kernel, ``kiln_set_num_threads`` and, when ``launches`` (objects with ``.kernel`` and ``.args``, buffer
+    ids) is given, ``kiln_run``. ``parallel``: ``pool`` or ``openmp`` (default :func:`default_parallel`)."""
+    printer = CPrinter(target, parallel or default_parallel())
     seen: dict[str, PrimFunc] = {}
     kernels = []
     for f in funcs:
@@ -318,12 +459,14 @@ def generate_c(funcs: Sequence[PrimFunc], target: Any = None, launches: Sequence
                     f"kernel {f.name}: buffer {b.name} is bfloat16, which the cpu target lacks"
                 )
         kernels.append(printer.function(prepare(f, target)))
-    parts = [
-        f"/* generated by kiln ({CODEGEN_VERSION}) */",
-        printer.prelude.render(),
-        "void kiln_set_num_threads(int n) { if (n > 0) omp_set_num_threads(n); }\n",
-        *kernels,
-    ]
+    if printer.parallel == "openmp":
+        runtime = (
+            f"{OPENMP_MARK}\nextern void omp_set_num_threads(int);\n"
+            "void kiln_set_num_threads(int n) { if (n > 0) omp_set_num_threads(n); }\n"
+        )
+    else:
+        runtime = pool.pool_source() if printer.uses_pool else pool.SERIAL_C
+    parts = [f"/* generated by kiln ({CODEGEN_VERSION}) */", runtime, printer.prelude.render(), *kernels]
     if launches is not None:
         parts.append(_entry(seen, launches))
     return "\n".join(parts)

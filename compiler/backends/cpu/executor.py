@@ -42,7 +42,8 @@ def _host() -> dict[str, Any]:
 
 
 class CpuCompiledModel(CompiledModel):
-    """A compiled model for the CPU: ``num_threads`` OpenMP threads (default: this process's CPUs);
+    """A compiled model for the CPU: ``num_threads`` threads per parallel loop, the calling one included
+    (default: this process's CPUs; :mod:`compiler.backends.cpu.pool`);
     ``library`` is the loaded :class:`~compiler.backends.cpu.gcc.KernelLibrary` (built on first use)."""
 
     backend: ClassVar[str] = "cpu"
@@ -230,7 +231,7 @@ class CpuCompiledModel(CompiledModel):
         fields = {
             "built_on": _host(),
             "compiler": gcc.compiler_id(),
-            "flags": list(gcc.FLAGS),
+            "flags": list(gcc.flags_for(self.source)),
             "library": "model.so",
             "num_threads": self.num_threads,
         }

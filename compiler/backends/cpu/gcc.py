@@ -17,7 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from compiler.backends.cpu.codegen import CODEGEN_VERSION
+from compiler.backends.cpu.codegen import CODEGEN_VERSION, OPENMP_MARK
 from compiler.errors import CompileError
 from compiler.runtime import module_cache
 from compiler.target import Target
@@ -27,7 +27,7 @@ CC = os.environ.get("KILN_CC", "gcc")
 FLAGS = (
     "-O3",
     *Target.host().cflags(),
-    "-fopenmp",
+    "-pthread",
     "-shared",
     "-fPIC",
     "-std=gnu11",
@@ -35,6 +35,7 @@ FLAGS = (
     "-pipe",
 )
 LIBS = ("-lm",)
+OPENMP_FLAGS = ("-fopenmp",)  # only for sources generated with parallel="openmp"
 
 KERNEL_PATTERN = r"^void (\w+)\("  # a kernel's first line in generated C
 ERROR_PATTERN = r"kernel\.c:(\d+):\d+: (?:fatal )?error"  # gcc's error lines, the source named kernel.c
@@ -61,13 +62,22 @@ def _host_id() -> str:
     return f"{host.key}|{','.join(host.features)}"
 
 
-def cache_key(source: str, flags: tuple[str, ...] = FLAGS) -> str:
-    """The cache key of ``source`` built with ``flags`` by this gcc for this CPU."""
+def flags_for(source: str) -> tuple[str, ...]:
+    """:data:`FLAGS`, plus ``-fopenmp`` for a source generated with OpenMP parallel loops (``parallel=
+    "openmp"``, or a model saved before the thread pool: its ``model.c`` has ``#pragma omp``)."""
+    return FLAGS + OPENMP_FLAGS if OPENMP_MARK in source or "#pragma omp" in source else FLAGS
+
+
+def cache_key(source: str, flags: tuple[str, ...] | None = None) -> str:
+    """The cache key of ``source`` built with ``flags`` (default :func:`flags_for`) by this gcc for this
+    CPU."""
+    flags = flags_for(source) if flags is None else flags
     return module_cache.cache_key(source, flags, compiler_id(), _host_id(), CODEGEN_VERSION)
 
 
-def compile_source(source: str, flags: tuple[str, ...] = FLAGS) -> Path:
+def compile_source(source: str, flags: tuple[str, ...] | None = None) -> Path:
     """The shared object built from ``source`` (from the cache when present)."""
+    flags = flags_for(source) if flags is None else flags
     key = cache_key(source, flags)
     so = CACHE.get(key, ".so")
     if so is not None:
@@ -78,13 +88,13 @@ def compile_source(source: str, flags: tuple[str, ...] = FLAGS) -> Path:
 
 
 def compile_to(
-    source: str, so: str | Path, timeout: float | None = None, flags: tuple[str, ...] = FLAGS
+    source: str, so: str | Path, timeout: float | None = None, flags: tuple[str, ...] | None = None
 ) -> Path:
     """Compile ``source`` into the shared object ``so``, outside the cache (the source is written beside
     it, with suffix ``.c``); gcc is killed after ``timeout`` seconds. Raises CompileError: gcc's errors
     (:func:`error_message`), a timeout, or a C compiler that cannot run."""
     so = Path(so)
-    _gcc(source, so.with_suffix(".c"), so, flags, timeout)
+    _gcc(source, so.with_suffix(".c"), so, flags_for(source) if flags is None else flags, timeout)
     return so
 
 
@@ -144,14 +154,14 @@ class KernelLibrary:
         return fn
 
     def set_num_threads(self, n: int) -> None:
-        """OpenMP threads used by this library's parallel loops."""
+        """Threads (the calling one included) that this library's parallel loops use."""
         fn = self.lib.kiln_set_num_threads
         fn.argtypes = [ctypes.c_int]
         fn.restype = None
         fn(int(n))
 
 
-def build(source: str, flags: tuple[str, ...] = FLAGS) -> KernelLibrary:
+def build(source: str, flags: tuple[str, ...] | None = None) -> KernelLibrary:
     """Compile (or fetch from the cache) and load ``source``."""
     path = compile_source(source, flags)
     lib = _loaded.get(str(path))

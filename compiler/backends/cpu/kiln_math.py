@@ -22,7 +22,6 @@ _HEADER = """\
 #include <stdbool.h>
 #include <stddef.h>
 
-extern void omp_set_num_threads(int);
 extern void* aligned_alloc(size_t, size_t);
 extern void free(void*);
 extern void abort(void);

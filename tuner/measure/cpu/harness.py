@@ -4,11 +4,10 @@ Timing in C keeps the ctypes call overhead (about a microsecond) out of small ke
 the kernel through a function pointer (every kernel argument is a pointer, so a kernel with ``n``
 arguments is called as ``void (*)(void*, ..., void*)``), so one harness serves every generated library.
 It is built once with the kernel flags and cached on disk like any kernel (``compiler.backends.cpu.gcc``).
+Threads are each kernel library's own (its ``kiln_set_num_threads``, called by the worker).
 
 Exported functions:
 
-``void kiln_harness_set_threads(int n)``
-    OpenMP threads for every kernel this process runs (the ICV is process-wide in libgomp).
 ``double kiln_harness_warmup(void* fn, int nargs, void** args, double min_us, long max_calls)``
     Calls the kernel until ``min_us`` microseconds have passed (at least once, at most ``max_calls``
     calls) and returns the mean time of one call in microseconds.
@@ -42,7 +41,6 @@ def _call_switch() -> str:
 def harness_source() -> str:
     """The C source of the harness."""
     return f"""/* kiln timing harness */
-#include <omp.h>
 #include <time.h>
 
 static double kiln_now_us(void) {{
@@ -57,8 +55,6 @@ static int kiln_call(void* fn, int n, void** a) {{
     default: return -1;
   }}
 }}
-
-void kiln_harness_set_threads(int n) {{ if (n > 0) omp_set_num_threads(n); }}
 
 double kiln_harness_warmup(void* fn, int nargs, void** args, double min_us, long max_calls) {{
   double start = kiln_now_us(), now = start;

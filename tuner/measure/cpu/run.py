@@ -3,7 +3,7 @@
 The parent computes each task's random inputs (seeded by the workload key and ``seed``) and its numpy
 reference outputs once, caches them, and ships them to the worker (:mod:`tuner.measure.cpu.run_worker`)
 once per worker life. Each candidate is one request with a deadline: no answer in ``timeout_s`` -> the
-worker (and its OpenMP threads) is killed -> ``timeout``; the worker dies (segfault, abort) ->
+worker (and its pool threads) is killed -> ``timeout``; the worker dies (segfault, abort) ->
 ``runtime_error`` naming the signal. Either way the next candidate starts a fresh worker, so nothing a bad
 kernel did survives it.
 
@@ -11,7 +11,7 @@ Timing happens in C (:mod:`tuner.measure.cpu.harness`): after the verification r
 ``warmup_ms``, then samples of ``number`` back-to-back calls (``number`` chosen so a sample takes about
 ``min_time_ms / samples``) until ``min_time_ms`` of measured time and at least ``min_repeats`` samples (at
 most ``max_repeats``). Each latency is one sample's mean per call, in microseconds. A sample stops early
-after four times its planned duration, so a kernel that slows down on a loaded machine (OpenMP threads
+after four times its planned duration, so a kernel that slows down on a loaded machine (pool threads
 waiting for a descheduled sibling) is measured slow rather than timed out. Caches stay warm between calls
 (no flush): that is how a kernel runs inside a model whose working set fits the caches.
 
@@ -40,7 +40,7 @@ from tuner.measure.worker_runner import WorkerRunner
 class LocalRunner(WorkerRunner):
     """Runs CPU candidates in one spawned worker process; see the module docstring.
 
-    ``num_threads``: OpenMP threads per kernel (default: the task target's cores). ``seed`` varies the
+    ``num_threads``: threads per kernel (default: the task target's cores). ``seed`` varies the
     random inputs of every task. ``timeout_s`` bounds one candidate's verification and timing."""
 
     kind = "cpu"

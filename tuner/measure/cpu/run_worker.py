@@ -101,8 +101,6 @@ def _aligned(a: np.ndarray) -> np.ndarray:
 class _RunWorker:
     def __init__(self, harness: str) -> None:
         h = self.h = ctypes.CDLL(harness)
-        h.kiln_harness_set_threads.argtypes = [ctypes.c_int]
-        h.kiln_harness_set_threads.restype = None
         vp, i, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
         h.kiln_harness_warmup.argtypes = [vp, i, vp, d, ctypes.c_long]
         h.kiln_harness_warmup.restype = d
@@ -110,7 +108,7 @@ class _RunWorker:
         h.kiln_harness_time.restype = i
         self.tasks: dict[str, _Task] = {}
         self.libs: OrderedDict[str, ctypes.CDLL] = OrderedDict()
-        self.threads = 0
+        self.threads: dict[str, int] = {}  # library path -> threads set in it
 
     def handle(self, req: tuple[Any, ...]) -> Any:
         kind = req[0]
@@ -129,15 +127,24 @@ class _RunWorker:
             return self.run(*req[1:])
         return ("error", f"unknown request {kind!r}")
 
-    def _function(self, path: str, symbol: str) -> int:
+    def _function(self, path: str, symbol: str, threads: int) -> int:
+        """The kernel's address in the library at ``path`` (loaded once; the least recently used of more
+        than MAX_LIBRARIES is closed), with the library's parallel loops set to ``threads`` threads."""
         lib = self.libs.pop(path, None)
         if lib is None:
             lib = ctypes.CDLL(path)
             while len(self.libs) >= MAX_LIBRARIES:
-                _, old = self.libs.popitem(last=False)
-                _dlclose(old)
+                old_path, old = self.libs.popitem(last=False)
+                self.threads.pop(old_path, None)
+                _dlclose(old)  # the library's destructor stops its thread pool first
         self.libs[path] = lib
-        return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value or 0
+        fn = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value or 0
+        if self.threads.get(path) != threads and hasattr(lib, "kiln_set_num_threads"):
+            lib.kiln_set_num_threads.argtypes = [ctypes.c_int]
+            lib.kiln_set_num_threads.restype = None
+            lib.kiln_set_num_threads(threads)
+            self.threads[path] = threads
+        return fn
 
     def run(
         self,
@@ -152,12 +159,9 @@ class _RunWorker:
         inputs = task.arrays(layouts)
         args, nargs = task.args(inputs), len(inputs) + len(task.outputs)
         try:
-            fn = self._function(path, symbol)
+            fn = self._function(path, symbol, int(threads))
         except (OSError, AttributeError) as exc:
             return ("runtime_error", None, f"cannot load kernel {symbol!r} from {path}: {exc}", {})
-        if threads != self.threads:
-            self.h.kiln_harness_set_threads(threads)
-            self.threads = threads
         for o in task.outputs:
             o.poison()
         out = (ctypes.c_double * max(1, int(settings["max_repeats"])))()

@@ -78,13 +78,36 @@ def test_library_functions_and_threads(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     import numpy as np
 
-    src = SMALL + "extern void omp_set_num_threads(int);\n"
-    src += "void kiln_set_num_threads(int n) { omp_set_num_threads(n); }\n"
+    src = SMALL + "static int threads;\nvoid kiln_set_num_threads(int n) { threads = n; }\n"
+    src += "int threads_set(void) { return threads; }\n"
     lib = cbuild.build(src)
-    lib.set_num_threads(1)
+    lib.set_num_threads(3)
+    assert lib.lib.threads_set() == 3
     x = np.arange(64, dtype=np.float32)
     y = np.empty_like(x)
     lib.function("add_one", 2)(x.ctypes.data, y.ctypes.data)
     assert (y == x + 1).all()
     with pytest.raises(CompileError, match="no_such_kernel"):
         lib.function("no_such_kernel")
+
+
+def test_a_source_with_openmp_pragmas_is_built_with_openmp(tmp_path, monkeypatch):
+    """The model.c of a model saved before the thread pool uses OpenMP: it still builds and loads."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    import numpy as np
+
+    src = (
+        "extern void omp_set_num_threads(int);\n"
+        "void kiln_set_num_threads(int n) { if (n > 0) omp_set_num_threads(n); }\n"
+        "void twice(const float* x, float* y) {\n"
+        "#pragma omp parallel for schedule(static)\n"
+        "  for (int i = 0; i < 64; ++i) y[i] = 2.0f * x[i];\n"
+        "}\n"
+    )
+    assert "-fopenmp" in cbuild.flags_for(src) and "-fopenmp" not in cbuild.flags_for(SMALL)
+    lib = cbuild.build(src)
+    lib.set_num_threads(2)
+    x = np.arange(64, dtype=np.float32)
+    y = np.empty_like(x)
+    lib.function("twice", 2)(x.ctypes.data, y.ctypes.data)
+    assert (y == 2 * x).all()

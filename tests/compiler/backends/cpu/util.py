@@ -32,7 +32,10 @@ def run(func: PrimFunc, *inputs: np.ndarray, lib: cbuild.KernelLibrary | None = 
 
 
 def kernel_text(src: str, name: str) -> str:
-    """The text of kernel ``name`` in a generated translation unit."""
+    """The text of kernel ``name`` in a generated translation unit (with the chunk functions of its
+    parallel loops, printed between its prototype and its definition)."""
     start = src.index(f"void {name}(")
-    end = src.index("\n}\n", start)
+    head_end = src.index("\n", start)
+    definition = src.index(f"\nvoid {name}(", head_end) if src[head_end - 1] == ";" else start
+    end = src.index("\n}\n", definition)
     return src[start : end + 3]

@@ -1,0 +1,271 @@
+"""The C thread pool that runs the CPU target's ``parallel`` loops (printed into every library that has one).
+
+Generated code outlines each parallel loop into ``static void F(void* ctx, int64_t lo, int64_t hi)`` (the
+loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
+``kiln_parallel_for(F, &ctx, extent)``. Semantics (onnxruntime's pool, not OpenMP's fork/join):
+
+* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads)`` balanced chunks, claimed one at a
+  time with an atomic counter;
+* the calling thread publishes the loop, wakes the workers and claims chunks itself; it then waits only for
+  the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a loop starts
+  claims nothing, so the caller runs those chunks instead of waiting at a barrier for that thread;
+* workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US``) after their last
+  chunk, then sleep on a futex; the caller wakes them with one ``futex_wake`` only when some sleep;
+* a worker never spins nor takes chunks on the CPU the caller started the loop on (the two would only take
+  turns, and a spinning worker there halves the caller's speed): it moves itself to another CPU of its
+  affinity mask (its mask without that CPU for a moment, then the whole mask again: a nudge, not a pin; at
+  most once a millisecond), and sleeps if it cannot. On the loaded 2-core machine the scheduler otherwise
+  kept a worker woken by the caller on the caller's CPU;
+* ``threads`` = what ``kiln_set_num_threads(n)`` last set (caller included), else the CPUs of the process's
+  affinity mask. The pool belongs to one library (its state is ``static``), is started lazily by its first
+  parallel loop with ``threads - 1`` workers, and is stopped (workers joined) by the library's destructor,
+  so ``dlclose`` never unmaps code a worker runs;
+* fork-safe: a ``pthread_atfork`` child handler forgets the parent's workers, and the child starts its own
+  on its first parallel loop (the tuner measures in worker processes);
+* a loop entered while another thread is running one on this pool (two Python threads calling the same
+  library) runs serially in its caller; nested parallel loops are printed serial (as with OpenMP);
+* a worker's claim is one compare-and-swap on a 64-bit word ``generation << 32 | next chunk``, so a worker
+  that wakes up late can never run a chunk of a newer loop with an older loop's context.
+
+Kernels with non-temporal stores call ``kiln_sfence()`` at the end of each chunk, before the chunk is
+counted as finished, so the caller sees the stored data once it returns.
+"""
+
+from __future__ import annotations
+
+CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a short tail under load
+# default spin of an idle worker before it sleeps, so that back-to-back calls of a model find it awake
+SPIN_US = 1000
+
+POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
+typedef void (*kiln_task_fn)(void*, int64_t, int64_t);
+
+#define KILN_POOL_MAX 256
+#define KILN_CHUNKS_PER_THREAD @CHUNKS@
+#define KILN_CLOSED 0xFFFFFFFFu
+
+static struct {
+  int threads;                  /* threads per loop, caller included; 0: not set */
+  int started;                  /* workers running */
+  int atfork;                   /* child handler registered */
+  long spin_ns;
+  uint32_t born;                /* generation of the last loop before the workers being created */
+  pthread_t workers[KILN_POOL_MAX];
+  pthread_mutex_t lock;         /* starting and stopping workers */
+  /* shared words, accessed with __atomic builtins only */
+  uint64_t claim;               /* generation << 32 | next chunk (KILN_CLOSED while the loop is set up) */
+  kiln_task_fn fn;
+  void* ctx;
+  int64_t extent, chunks, finished;
+  int active;                   /* workers that take part: threads - 1 */
+  int caller_cpu;               /* the CPU of the thread that started the current loop */
+  uint32_t wake;                /* futex word, bumped for every loop */
+  int sleepers, stop, busy;
+} kiln_pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .caller_cpu = -1};
+
+static inline void kiln_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static long kiln_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* On the caller's CPU, move this worker to another CPU of its affinity mask (the mask without that CPU
+   for a moment, then the whole mask again: a nudge, not a pin), at most once a millisecond; the scheduler
+   otherwise keeps a worker woken by the caller on the caller's CPU on a busy machine. True when the worker
+   is still beside the caller (it should not spin there nor take chunks). */
+static int kiln_crowded(long* nudged) {
+  int cpu = __atomic_load_n(&kiln_pool.caller_cpu, __ATOMIC_RELAXED);
+  if (sched_getcpu() != cpu) return 0;
+  long now = kiln_now_ns();
+  if (now - *nudged < 1000000L) return 1;
+  *nudged = now;
+  cpu_set_t all, others;
+  pthread_t self = pthread_self();
+  if (cpu < 0 || cpu >= CPU_SETSIZE || pthread_getaffinity_np(self, sizeof all, &all) != 0) return 1;
+  others = all;
+  CPU_CLR(cpu, &others);
+  if (CPU_COUNT(&others) == 0 || pthread_setaffinity_np(self, sizeof others, &others) != 0) return 1;
+  pthread_setaffinity_np(self, sizeof all, &all);
+  return sched_getcpu() == cpu;
+}
+
+/* claim and run chunks of loop generation g until none is left or another loop started */
+static void kiln_pool_work(uint32_t g) {
+  for (;;) {
+    uint64_t w = __atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE);
+    uint32_t i = (uint32_t)w;
+    if ((uint32_t)(w >> 32) != g || i == KILN_CLOSED) return;
+    int64_t n = __atomic_load_n(&kiln_pool.chunks, __ATOMIC_ACQUIRE);
+    if ((int64_t)i >= n) return;
+    kiln_task_fn fn = __atomic_load_n(&kiln_pool.fn, __ATOMIC_ACQUIRE);
+    void* ctx = __atomic_load_n(&kiln_pool.ctx, __ATOMIC_ACQUIRE);
+    int64_t extent = __atomic_load_n(&kiln_pool.extent, __ATOMIC_ACQUIRE);
+    /* the word unchanged since it was read: these fields are loop g's */
+    if (!__atomic_compare_exchange_n(&kiln_pool.claim, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      continue;
+    fn(ctx, (int64_t)i * extent / n, ((int64_t)i + 1) * extent / n);
+    __atomic_fetch_add(&kiln_pool.finished, 1, __ATOMIC_RELEASE);
+  }
+}
+
+static void* kiln_pool_worker(void* arg) {
+  int id = (int)(intptr_t)arg;
+  uint32_t seen = kiln_pool.born;  /* the loop being set up when this worker was created is new to it */
+  long nudged = 0;
+  for (;;) {
+    long spin_until = kiln_now_ns() + kiln_pool.spin_ns;
+    int spins = 0;
+    for (;;) {
+      if (__atomic_load_n(&kiln_pool.stop, __ATOMIC_ACQUIRE)) return NULL;
+      uint32_t g = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE) >> 32);
+      if (g != seen) {
+        seen = g;
+        if (id < __atomic_load_n(&kiln_pool.active, __ATOMIC_ACQUIRE) && !kiln_crowded(&nudged))
+          kiln_pool_work(g);
+        spin_until = kiln_now_ns() + kiln_pool.spin_ns;
+        continue;
+      }
+      kiln_pause();
+      /* every few microseconds: stop spinning after spin_ns, or at once on the caller's CPU (spinning
+         there would take half of the caller's time) */
+      if ((++spins & 63) == 0 && (kiln_now_ns() > spin_until || kiln_crowded(&nudged))) break;
+    }
+    /* sleep until the next loop: read the futex word, announce, check again, wait */
+    uint32_t s = __atomic_load_n(&kiln_pool.wake, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&kiln_pool.sleepers, 1, __ATOMIC_SEQ_CST);
+    if ((uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_SEQ_CST) >> 32) == seen &&
+        !__atomic_load_n(&kiln_pool.stop, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &kiln_pool.wake, FUTEX_WAIT_PRIVATE, s, NULL, NULL, 0);
+    __atomic_fetch_sub(&kiln_pool.sleepers, 1, __ATOMIC_SEQ_CST);
+  }
+}
+
+static void kiln_pool_forget(void) {  /* in a forked child: the parent's workers do not exist here */
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  kiln_pool.lock = fresh;
+  kiln_pool.started = 0;
+  __atomic_store_n(&kiln_pool.sleepers, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.busy, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.stop, 0, __ATOMIC_RELAXED);
+}
+
+static int kiln_pool_default_threads(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* threads per loop; workers up to threads - 1 started (fewer if the system refuses threads) */
+static int kiln_pool_ready(void) {
+  int threads = __atomic_load_n(&kiln_pool.threads, __ATOMIC_ACQUIRE);
+  if (threads <= 0) {
+    threads = kiln_pool_default_threads();
+    if (threads > KILN_POOL_MAX) threads = KILN_POOL_MAX;
+    __atomic_store_n(&kiln_pool.threads, threads, __ATOMIC_RELEASE);
+  }
+  if (threads - 1 > kiln_pool.started) {
+    pthread_mutex_lock(&kiln_pool.lock);
+    if (!kiln_pool.atfork) {
+      pthread_atfork(NULL, NULL, kiln_pool_forget);
+      kiln_pool.atfork = 1;
+      const char* spin = getenv("KILN_POOL_SPIN_US");
+      kiln_pool.spin_ns = 1000L * (spin ? atol(spin) : @SPIN_US@);
+      if (kiln_pool.spin_ns < 0) kiln_pool.spin_ns = 0;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);  /* signals go to the process's own threads */
+    kiln_pool.born = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_RELAXED) >> 32);
+    while (kiln_pool.started < threads - 1) {
+      pthread_t t;
+      if (pthread_create(&t, NULL, kiln_pool_worker, (void*)(intptr_t)kiln_pool.started) != 0) break;
+      kiln_pool.workers[kiln_pool.started++] = t;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_mutex_unlock(&kiln_pool.lock);
+  }
+  int workers = threads - 1 < kiln_pool.started ? threads - 1 : kiln_pool.started;
+  __atomic_store_n(&kiln_pool.active, workers, __ATOMIC_RELEASE);
+  return workers + 1;
+}
+
+__attribute__((destructor)) static void kiln_pool_stop(void) {
+  if (kiln_pool.started == 0) return;
+  __atomic_store_n(&kiln_pool.stop, 1, __ATOMIC_SEQ_CST);
+  __atomic_fetch_add(&kiln_pool.wake, 1, __ATOMIC_SEQ_CST);
+  syscall(SYS_futex, &kiln_pool.wake, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+  for (int i = 0; i < kiln_pool.started; i++) pthread_join(kiln_pool.workers[i], NULL);
+  kiln_pool.started = 0;
+  __atomic_store_n(&kiln_pool.stop, 0, __ATOMIC_SEQ_CST);
+}
+
+void kiln_set_num_threads(int n) {
+  if (n > 0) __atomic_store_n(&kiln_pool.threads, n < KILN_POOL_MAX ? n : KILN_POOL_MAX, __ATOMIC_RELEASE);
+}
+
+/* not inlined nor cloned: one copy of the pool's code, and each chunk function is compiled once */
+__attribute__((noinline, noclone)) static void kiln_parallel_for(kiln_task_fn fn, void* ctx, int64_t extent) {
+  if (extent <= 0) return;
+  if (extent == 1 || __atomic_exchange_n(&kiln_pool.busy, 1, __ATOMIC_ACQUIRE)) {
+    fn(ctx, 0, extent);  /* one iteration, or another thread's loop is running on this pool */
+    return;
+  }
+  int threads = kiln_pool_ready();
+  if (threads <= 1) {
+    fn(ctx, 0, extent);
+    __atomic_store_n(&kiln_pool.busy, 0, __ATOMIC_RELEASE);
+    return;
+  }
+  int64_t n = (int64_t)threads * KILN_CHUNKS_PER_THREAD;
+  if (n > extent) n = extent;
+  uint32_t g = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_RELAXED) >> 32) + 1;
+  /* close the word first: a late worker of the last loop fails its claim before any field changes */
+  __atomic_store_n(&kiln_pool.claim, ((uint64_t)g << 32) | KILN_CLOSED, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  __atomic_store_n(&kiln_pool.fn, fn, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.ctx, ctx, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.extent, extent, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.chunks, n, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.finished, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.claim, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
+  __atomic_fetch_add(&kiln_pool.wake, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&kiln_pool.sleepers, __ATOMIC_SEQ_CST) > 0)
+    syscall(SYS_futex, &kiln_pool.wake, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+  kiln_pool_work(g);  /* every chunk is claimed when this returns: wait only for the workers' ones */
+  for (int spins = 0; __atomic_load_n(&kiln_pool.finished, __ATOMIC_ACQUIRE) < n; spins++) {
+    if (spins < 4096) kiln_pause(); else sched_yield();
+  }
+  __atomic_store_n(&kiln_pool.busy, 0, __ATOMIC_RELEASE);
+}
+"""
+
+
+def pool_source() -> str:
+    """The pool's C text (self-contained: it must come first in a translation unit, it defines
+    ``_GNU_SOURCE``)."""
+    return POOL_C.replace("@CHUNKS@", str(CHUNKS_PER_THREAD)).replace("@SPIN_US@", str(SPIN_US))
+
+
+SERIAL_C = """\
+/* no parallel loop in this library: kiln_set_num_threads has nothing to set */
+void kiln_set_num_threads(int n) { (void)n; }
+"""

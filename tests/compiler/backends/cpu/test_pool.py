@@ -1,0 +1,218 @@
+"""The thread pool of the C target's parallel loops (compiler/backends/cpu/pool.py): outlined loops compute
+what the serial loops do at any thread count, workers take part, and the pool survives fork, concurrent
+callers and dlclose (those run in a subprocess, so a crash fails one test instead of the session)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from compiler.backends.cpu import gcc as cbuild
+from compiler.backends.cpu.codegen import generate_c
+from compiler.backends.cpu.pool import pool_source
+from compiler.loopir.expr import Load, Var, cast
+from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, seq
+from compiler.target import Target
+from tests.compiler.backends.cpu.util import build, kernel_text, run
+
+F32 = "float32"
+ROWS, COLS = 37, 50
+
+
+def _kernels() -> list[PrimFunc]:
+    """Three kernels over x[37, 50]: a parallel row loop; a serial loop around a parallel one (the
+    parallel body uses the serial loop's variable) with a scratch buffer allocated outside it; and two
+    parallel loops in sequence, the second nested in another parallel loop (printed serial)."""
+    x, y = Buffer("x", (ROWS, COLS), F32), Buffer("y", (ROWS, COLS), F32)
+    i, j, t = Var("i"), Var("j"), Var("t")
+    rows = PrimFunc(
+        "rows",
+        [x, y],
+        For(i, ROWS, For(j, COLS, BufferStore(y, (i, j), Load(x, (i, j)) * 2.0 + cast(i, F32))), "parallel"),
+        1,
+    )
+    x2, y2 = Buffer("x", (ROWS, COLS), F32), Buffer("y", (3, ROWS, COLS), F32)
+    scratch = Buffer("scratch", (COLS,), F32)
+    fill = For(j, COLS, BufferStore(scratch, (j,), cast(j, F32) + cast(t, F32)))
+    use = For(
+        i,
+        ROWS,
+        For(j, COLS, BufferStore(y2, (t, i, j), Load(x2, (i, j)) + Load(scratch, (j,)))),
+        "parallel",
+    )
+    outer = PrimFunc("outer", [x2, y2], For(t, 3, Allocate(scratch, seq(fill, use))), 1)
+    x3, y3 = Buffer("x", (ROWS, COLS), F32), Buffer("y", (ROWS, COLS), F32)
+    i2, j2 = Var("i"), Var("j")
+    first = For(i, ROWS, For(j, COLS, BufferStore(y3, (i, j), Load(x3, (i, j)))), "parallel")
+    second = For(
+        i2,
+        ROWS,
+        For(j2, COLS, BufferStore(y3, (i2, j2), Load(y3, (i2, j2)) * 3.0), "parallel"),
+        "parallel",
+    )
+    two = PrimFunc("two", [x3, y3], seq(first, second), 1)
+    return [rows, outer, two]
+
+
+def _expected(name: str, x: np.ndarray) -> np.ndarray:
+    if name == "rows":
+        return x * 2 + np.arange(ROWS, dtype=np.float32)[:, None]
+    if name == "outer":
+        cols = np.arange(COLS, dtype=np.float32)
+        return np.stack([x + (cols + t) for t in range(3)])
+    return x * 3
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_outlined_parallel_loops_compute_the_serial_result(threads):
+    funcs = _kernels()
+    src, lib = build(funcs)
+    assert "#pragma omp" not in src and "kiln_pool_worker" in src
+    assert kernel_text(src, "rows").count("kiln_parallel_for(") == 1
+    assert kernel_text(src, "outer").count("kiln_parallel_for(") == 1  # inside the serial t loop
+    assert kernel_text(src, "two").count("kiln_parallel_for(") == 2  # the nested one is serial
+    lib.set_num_threads(threads)
+    x = np.random.default_rng(threads).standard_normal((ROWS, COLS)).astype(np.float32)
+    for f in funcs:
+        for _ in range(20):  # many loops back to back: workers sleep, wake and race for chunks
+            np.testing.assert_array_equal(run(f, x, lib=lib)[0], _expected(f.name, x))
+
+
+def test_a_library_without_parallel_loops_has_no_pool():
+    x, y = Buffer("x", (4,), F32), Buffer("y", (4,), F32)
+    i = Var("i")
+    src, lib = build([PrimFunc("plain", [x, y], For(i, 4, BufferStore(y, (i,), Load(x, (i,)))), 1)])
+    assert "kiln_pool" not in src and "kiln_set_num_threads" in src
+    lib.set_num_threads(2)  # still callable
+
+
+def test_openmp_runtime_is_still_available():
+    funcs = _kernels()[:1]
+    src = generate_c(funcs, Target.host(), parallel="openmp")
+    assert "#pragma omp parallel for schedule(static)" in src and "kiln_pool" not in src
+    assert "-fopenmp" in cbuild.flags_for(src) and "-fopenmp" not in cbuild.flags_for(generate_c(funcs))
+    lib = cbuild.build(src)
+    lib.set_num_threads(2)
+    x = np.ones((ROWS, COLS), np.float32)
+    np.testing.assert_array_equal(run(funcs[0], x, lib=lib)[0], _expected("rows", x))
+
+
+# A chunk function whose first caller waits (up to 60 s) until another thread has entered it: meet_run()
+# returns 1 only if a worker claimed a chunk while the caller was holding one.
+_MEET = r"""
+static unsigned long meet_first;
+static int meet_met;
+static void meet(void* ctx, int64_t lo, int64_t hi) {
+  int* seen = (int*)ctx;
+  unsigned long me = (unsigned long)pthread_self(), first = 0;
+  if (__atomic_compare_exchange_n(&meet_first, &first, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    long until = kiln_now_ns() + 60000000000L;
+    while (!__atomic_load_n(&meet_met, __ATOMIC_SEQ_CST) && kiln_now_ns() < until) sched_yield();
+  } else if (first != me) {
+    __atomic_store_n(&meet_met, 1, __ATOMIC_SEQ_CST);
+  }
+  for (int64_t i = lo; i < hi; i++) seen[i] += 1;
+}
+int meet_run(int* seen, int extent) {
+  meet_first = 0;
+  meet_met = 0;
+  kiln_parallel_for(meet, seen, extent);
+  return meet_met;
+}
+"""
+
+_SCRIPT = r"""
+import ctypes, os, sys, threading, time, _ctypes
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from compiler.backends.cpu import gcc
+from tests.compiler.backends.cpu.test_pool import _kernels, _expected, _meet_source
+from compiler.backends.cpu.codegen import generate_c
+from compiler.target import Target
+
+def threads(want=None):
+    # a joined thread's /proc entry can outlive pthread_join briefly: wait (up to 10 s) for ``want``
+    for _ in range(1000):
+        n = len(os.listdir("/proc/self/task"))
+        if want is None or n == want:
+            return n
+        time.sleep(0.01)
+    return n
+
+base = threads()
+meet = ctypes.CDLL(str(gcc.compile_source(_meet_source())))
+meet.kiln_set_num_threads(2)
+seen = np.zeros(64, np.int32)
+assert meet.meet_run(ctypes.c_void_p(seen.ctypes.data), 64) == 1, "no worker took a chunk"
+assert (seen == 1).all(), seen
+assert threads(base + 1) == base + 1, (threads(), base)  # one worker for two threads
+
+f = _kernels()[0]
+path = str(gcc.compile_source(generate_c([f], Target.host())))
+lib = ctypes.CDLL(path)
+lib.kiln_set_num_threads(3)
+x = np.random.default_rng(0).standard_normal((37, 50)).astype(np.float32)
+want = _expected("rows", x)
+
+def call(lib):
+    y = np.full_like(x, np.nan)
+    lib.rows(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(y.ctypes.data))
+    return y
+
+assert (call(lib) == want).all()
+assert threads(base + 3) == base + 3  # 2 workers more
+
+pid = os.fork()  # the child has none of the parent's workers: it starts its own
+if pid == 0:
+    ok = all((call(lib) == want).all() for _ in range(50))
+    mine = np.zeros(8, np.int32)
+    ok = ok and threads(3) == 3 and meet.meet_run(ctypes.c_void_p(mine.ctypes.data), 8) == 1
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+assert os.WEXITSTATUS(status) == 0 and not os.WIFSIGNALED(status), status
+
+bad = []
+def hammer():  # two callers on one pool: the second runs its loop serially
+    for _ in range(200):
+        if not (call(lib) == want).all():
+            bad.append(1)
+ts = [threading.Thread(target=hammer) for _ in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+assert not bad
+
+_ctypes.dlclose(lib._handle)  # the destructor joins the workers before the code is unmapped
+assert threads(base + 1) == base + 1, threads()
+lib = ctypes.CDLL(path)
+lib.kiln_set_num_threads(2)
+assert (call(lib) == want).all()
+print("ok")
+"""
+
+
+def _meet_source() -> str:
+    return pool_source() + _MEET
+
+
+@pytest.mark.xdist_group("pool_subprocess")
+def test_pool_workers_claim_chunks_and_survive_fork_concurrency_and_dlclose(tmp_path):
+    import os
+    from pathlib import Path
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this process may run on one CPU only: a worker never takes chunks beside the caller")
+
+    root = str(Path(__file__).resolve().parents[4])
+    env = {**os.environ, "PYTHONPATH": root, "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_SCRIPT), root],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
