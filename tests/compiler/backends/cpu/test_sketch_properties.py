@@ -1,5 +1,7 @@
-"""Property tests: for every sketch, a config drawn at random from its space on a random small shape is
-either rejected up front by ``check`` or, once built, lowered and interpreted, computes the reference."""
+"""Property tests: for every sketch, a config drawn at random from its space on a random small shape, for a
+target drawn among the host and every x86 ISA level (AVX-512, AVX2, SSE: the spaces depend on the vector
+width and register count), is either rejected up front by ``check`` or, once built, lowered and interpreted,
+computes the reference."""
 
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ from tests.compiler.property_graphs import (
     pooling_graph,
     reduction_graph,
 )
+from tests.targets import X86_TARGETS
 
 CPU = Target.host()
+TARGETS = (CPU, *X86_TARGETS.values())
 SETTINGS = settings(
     max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", "30")),
     deadline=None,
@@ -43,8 +47,9 @@ SETTINGS = settings(
 
 
 def check_all_groups(graph: Graph, data: st.DataObject, kind: str) -> None:
-    for group, sketch, config in legal_configs(graph, data, kind, CPU):
-        sch = sketch.build(group, config, CPU)  # must not fail for a config that passed check
+    target = data.draw(st.sampled_from(TARGETS), label="target")
+    for group, sketch, config in legal_configs(graph, data, kind, target):
+        sch = sketch.build(group, config, target)  # must not fail for a config that passed check
         func = lower_func(sch.func)
         ins = inputs_for(group)
         outs = evaluate(func, apply_input_layouts(func.attrs, ins))
@@ -154,13 +159,14 @@ def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
     check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=["host", *X86_TARGETS])
 @pytest.mark.parametrize("kind", ["pointwise", "reduction", "contraction"])
-def test_defaults_pass_their_own_check(kind):
+def test_defaults_pass_their_own_check(kind, target):
     for spec in MODELS.values():
         for group in fuse(optimize(spec.graph())).groups:
             if group.kind == kind:
-                sk = sketch_for(group, CPU)
-                sk.check(group, sk.default(group, CPU), CPU)
+                sk = sketch_for(group, target)
+                sk.check(group, sk.default(group, target), target)
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
