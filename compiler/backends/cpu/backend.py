@@ -15,6 +15,7 @@ from compiler.backends.cpu.sketches.generic import CpuGenericSketch
 from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
 from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
 from compiler.loopir import lower_func
+from compiler.loopir.fuse_siblings import FUSE_SIBLINGS, fuse_sibling_loops
 from compiler.loopir.stmt import PrimFunc
 from compiler.runtime.executor import CompiledModel
 from compiler.target import Target
@@ -33,7 +34,11 @@ class CpuBackend(Backend):
     )
 
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
-        return lower_func(func, unroll)
+        """``lower_func``, then the sibling-loop fusion a sketch asked for (``attrs[FUSE_SIBLINGS]``)."""
+        out = lower_func(func, unroll)
+        if not out.attrs.get(FUSE_SIBLINGS):
+            return out
+        return PrimFunc(out.name, out.params, fuse_sibling_loops(out.body), out.num_inputs, dict(out.attrs))
 
     def codegen(
         self, funcs: Sequence[PrimFunc], target: Target, launches: Sequence[Any] | None = None

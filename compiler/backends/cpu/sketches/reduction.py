@@ -22,6 +22,7 @@ from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import Binary, Call, Expr, free_vars, transform, walk
+from compiler.loopir.fuse_siblings import FUSE_SIBLINGS
 from compiler.loopir.lower import REDUCE_TREE
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
@@ -150,7 +151,13 @@ class CpuReductionSketch(Sketch):
         if main.is_reduction:
             _schedule_reduce(sch, main, row, v, acc)
         for b in kept:
-            _vector_loop(sch, sch.get_loops(b)[-1], config["vector"], 1)
+            # a kept row (softmax's exp) walked in steps of the reductions' accum x vector: after lowering,
+            # the reduction that reads it joins its loop (one pass over the row instead of two, the sum
+            # taken from registers); see compiler/loopir/fuse_siblings.py
+            loop = sch.get_loops(b)[-1]
+            step = v * acc if loop.extent % (v * acc) == 0 else v
+            _vector_loop(sch, loop, config["vector"], step // max(1, config["vector"]))
+            sch.func.attrs[FUSE_SIBLINGS] = True
         if col is not None:
             _vector_loop(sch, col, config["vector"], config["unroll"])
         if row is not None and config["parallel"] == "rows":
