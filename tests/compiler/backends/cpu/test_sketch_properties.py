@@ -169,14 +169,14 @@ def test_defaults_pass_their_own_check(kind, target):
                 sk.check(group, sk.default(group, target), target)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", list(X86_TARGETS))
 def test_default_matmul_tile_fills_the_isas_registers(isa):
     """The default register tile of a large matmul uses most of the target's vector registers as
-    accumulators (enough to cover the FMA latency) without spilling: 8x32 on AVX-512, 6x16 on AVX2."""
+    accumulators (enough to cover the FMA latency) without spilling: 8x32 on AVX-512, 6x16 on AVX2, 6x8 on
+    SSE."""
     from compiler.errors import ScheduleError
-    from tests.targets import PINNED_TARGETS
 
-    target = PINNED_TARGETS[isa]
+    target = X86_TARGETS[isa]
     group = fuse(optimize(matmul_graph(1024, 1024, 1024, False, False, "none")), None).groups[0]
     sketch = sketch_for(group, target)
     cfg = sketch.default(group, target)
