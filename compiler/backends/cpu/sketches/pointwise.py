@@ -67,7 +67,7 @@ class CpuPointwiseSketch(Sketch):
             "vector": 1,
             "unroll": 1,
             "parallel": "outer" if numel >= PARALLEL_MIN_WORK else "none",
-            "store": "stream" if not window and streams_pay(group, target.l3_bytes) else "cached",
+            "store": "stream" if not window and streams_pay(group, target) else "cached",
         }
         inner = _inner_extent(group, config)
         for v in (16, 8, 4):

@@ -170,7 +170,7 @@ class CpuReductionSketch(Sketch):
 
 
 def _streams(group: Group, target: Target) -> bool:
-    return _full_output(group) and streams_pay(group, target.l3_bytes)
+    return _full_output(group) and streams_pay(group, target)
 
 
 def _divides(group: Group) -> bool:

@@ -60,7 +60,9 @@ def test_default_streams_only_memory_bound_outputs_beyond_the_cache():
     assert sketch.default(group, big)["store"] == "cached"
     b = GraphBuilder("sm")
     softmax = fuse(optimize(b.build([b.softmax(b.input("x", (512, 512)), axis=-1)])), None).groups[0]
-    assert sketch.default(softmax, small)["store"] == "cached"  # exp-bound: streaming gains nothing
+    assert sketch.default(softmax, small)["store"] == "cached"  # exp-bound on 8 lanes: streaming loses
+    wide = Target("cpu", "x86_64", "t", cores=2, vector_bytes=64, features=("avx512f",), l3_bytes=1 << 20)
+    assert sketch.default(softmax, wide)["store"] == "stream"  # 16 lanes: memory-bound, full-line stores
 
 
 def _add(rows: int, cols: int, op: str = "add"):
@@ -105,3 +107,5 @@ def test_pointwise_default_streams_only_cheap_outputs_beyond_the_cache():
     assert sketch.default(add, big)["store"] == "cached"
     gelu = fuse(optimize(_add(512, 512, "gelu")), None).groups[0]
     assert sketch.default(gelu, small)["store"] == "cached"  # erf-bound: streaming gains nothing
+    wide = Target("cpu", "x86_64", "t", cores=2, vector_bytes=64, features=("avx512f",), l3_bytes=1 << 20)
+    assert sketch.default(gelu, wide)["store"] == "cached"
