@@ -6,8 +6,20 @@ overhead decides (the zoo's mlp, and an MNIST-sized MLP with batch 1).
 Method (the same for every contender):
 
 * the same number of threads for everyone (``--threads``, default 2): Kiln's threads per parallel loop,
-  onnxruntime's intra-op threads, torch's threads, and OpenBLAS's (numpy) through ``OPENBLAS_NUM_THREADS``,
-  set before numpy is imported;
+  onnxruntime's intra-op threads, torch's threads, and OpenBLAS's (numpy) through
+  ``OPENBLAS_NUM_THREADS``, set before numpy is imported;
+* the same vector ISA where a peer can be told: with ``KILN_HOST_ISA=avx2`` (or ``sse``) numpy's OpenBLAS
+  runs its Haswell (AVX2; Nehalem for SSE) kernels (``OPENBLAS_CORETYPE``), torch its AVX2 kernels
+  (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``); on the full host OpenBLAS
+  is told the host's best core (SkylakeX on AVX-512: OpenBLAS does not recognise every AVX-512 CPU and
+  falls back to Haswell). onnxruntime's MLAS picks its kernels from the CPU's features and cannot be
+  narrowed: it always uses the host's full ISA (the table says so). The script sets these variables
+  itself, over any value in the environment (a machine may export ``OPENBLAS_CORETYPE=Haswell`` for
+  everything), and names them in the command it prints; the OpenBLAS core actually used is read back
+  (threadpoolctl) and printed;
+* Kiln's and onnxruntime's bound outputs are 64-byte aligned alike (as ``run()``'s own arrays are), so
+  streaming stores are not lost to a misaligned caller array;
+* the load average of the machine before and after the run is printed with the table;
 * every contender's output is checked against the numpy reference before it is timed;
 * rounds are interleaved and each round starts at a different contender (round r runs them in the order
   rotated by r), so slow drift of a shared machine hits everyone alike;
@@ -23,6 +35,7 @@ outputs per call.
     python scripts/bench_cpu_kernels.py                       # the host's ISA (AVX-512 here)
     KILN_HOST_ISA=avx2 python scripts/bench_cpu_kernels.py    # AVX2 code generated on this host
     python scripts/bench_cpu_kernels.py --workloads softmax_large rmsnorm --rounds 7 --out table.md
+    python scripts/bench_cpu_kernels.py --threads 1 --clock cpu   # 1 thread, CPU time: for a loaded machine
 
 ``--runtimes`` compares instead how Kiln's parallel loops run (``bind()``, default schedules): the thread
 pool (``compiler/backends/cpu/pool.py``, the default) against the same kernels built with OpenMP
@@ -51,7 +64,38 @@ def _threads_from_argv() -> int:
     return 2
 
 
-# OpenBLAS reads its thread count when numpy is first imported
+def _host_isa() -> str:
+    """The ISA level Kiln generates code for here (``$KILN_HOST_ISA`` or the CPU's best), read without
+    importing numpy."""
+    if os.environ.get("KILN_HOST_ISA"):
+        return os.environ["KILN_HOST_ISA"].strip().lower()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return ""
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
+
+
+# the peers' ISA, narrowed like Kiln's where they can be told (see the module docstring)
+PEER_ISA_ENV = {
+    "avx512": {"OPENBLAS_CORETYPE": "SkylakeX"},
+    "avx2": {
+        "OPENBLAS_CORETYPE": "Haswell",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "sse": {
+        "OPENBLAS_CORETYPE": "Nehalem",
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    },
+}
+for _k, _v in PEER_ISA_ENV.get(_host_isa(), {}).items():
+    os.environ[_k] = _v
+# OpenBLAS reads its thread count and core type when numpy is first imported
 os.environ.setdefault("OPENBLAS_NUM_THREADS", str(_threads_from_argv()))
 os.environ.setdefault("OMP_NUM_THREADS", str(_threads_from_argv()))
 
@@ -63,7 +107,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-WORKLOADS = ["softmax_large", "rmsnorm", "layernorm", "matmul", "mlp", "mnist_mlp"]
+WORKLOADS = ["softmax_large", "rmsnorm", "layernorm", "bias_gelu", "matmul", "mlp", "mnist_mlp"]
 RUNTIME_WORKLOADS = ["rmsnorm", "softmax_large", "layernorm", "matmul", "bias_gelu"]
 
 
@@ -121,6 +165,19 @@ def check(who: str, name: str, got, refs) -> None:
             raise SystemExit(f"{who} computes {name} wrong: max relative error {err:.2e}")
 
 
+def openblas_core() -> str:
+    """The OpenBLAS core numpy's BLAS runs (e.g. ``Haswell``), or what numpy uses when it is not OpenBLAS."""
+    from threadpoolctl import threadpool_info
+
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    if not blas:
+        return "no BLAS found"
+    info = blas[0]
+    if info.get("internal_api") == "openblas":
+        return f"OpenBLAS {info.get('version')} {info.get('architecture')} kernels"
+    return str(info.get("internal_api"))
+
+
 def ort_iobinding(graph, inputs, threads: int):
     """onnxruntime with inputs and outputs bound once to preallocated arrays; (run, outputs) or None."""
     try:
@@ -128,12 +185,13 @@ def ort_iobinding(graph, inputs, threads: int):
     except ImportError:
         return None
     from compiler.dtypes import to_numpy
+    from compiler.runtime.executor import aligned_empty
 
     sess = ort_session(graph, threads=threads)
     binding = sess.io_binding()
     for meta, x in zip(sess.get_inputs(), inputs):
         binding.bind_cpu_input(meta.name, x)
-    outs = [np.empty(v.type.shape, to_numpy(v.type.dtype)) for v in graph.outputs]
+    outs = [aligned_empty(v.type.shape, to_numpy(v.type.dtype)) for v in graph.outputs]
     for meta, o in zip(sess.get_outputs(), outs):
         binding.bind_output(meta.name, "cpu", 0, o.dtype, list(o.shape), o.ctypes.data)
 
@@ -171,26 +229,39 @@ def numpy_reference(graph, inputs):
     return lambda: run_reference(graph, inputs)
 
 
-def round_median(fn: Callable[[], object], min_time: float, max_iters: int = 2000) -> float:
-    """Median latency (us) of one round: repeats lasting at least ``min_time`` seconds (3 at least)."""
+CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+
+
+def round_median(
+    fn: Callable[[], object], min_time: float, max_iters: int = 2000, clock: str = "wall"
+) -> float:
+    """Median latency (us) of one round: repeats lasting at least ``min_time`` seconds (3 at least), each
+    timed on ``clock`` (``cpu``: the calling thread's CPU time, see ``--clock``)."""
+    now = CLOCKS[clock]
     fn()
     samples = []
     start = time.perf_counter()
     while (time.perf_counter() - start < min_time or len(samples) < 3) and len(samples) < max_iters:
-        t0 = time.perf_counter_ns()
+        t0 = now()
         fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
+        samples.append((now() - t0) / 1e3)
     return statistics.median(samples)
 
 
-def rotated_rounds(contenders: dict[str, Callable[[], object]], rounds: int, min_time: float, start: int = 0):
+def rotated_rounds(
+    contenders: dict[str, Callable[[], object]],
+    rounds: int,
+    min_time: float,
+    start: int = 0,
+    clock: str = "wall",
+):
     """{name: [round medians]}: round r times the contenders in their order rotated by ``start + r``."""
     names = list(contenders)
     per: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         k = (start + r) % len(names)
         for name in names[k:] + names[:k]:
-            per[name].append(round_median(contenders[name], min_time))
+            per[name].append(round_median(contenders[name], min_time, clock=clock))
     return per
 
 
@@ -361,6 +432,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.25, help="seconds per contender per round")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time; cpu: the calling thread's CPU time (only with --threads 1, where every "
+        "contender computes on the calling thread: robust to other processes sharing the cores)",
+    )
     ap.add_argument("--no-torch", action="store_true", help="leave torch eager out")
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument(
@@ -372,13 +450,20 @@ def main() -> int:
     args = ap.parse_args()
     if args.runtimes:
         return runtimes_main(args)
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error(
+            f"--clock cpu needs --threads 1 (with {args.threads} threads the work of the other threads is "
+            "not on the calling thread's clock)"
+        )
 
     from compiler.reference import random_inputs, run_reference
+    from compiler.runtime.executor import aligned_empty
     from compiler.target import Target
     from scripts.bench_common import machine_line, markdown_table
     from tuner.api import compile as kiln_compile
 
     target = Target.host()
+    load_before = os.getloadavg()
     rows = []
     for name in args.workloads or WORKLOADS:
         graph = graph_for(name)
@@ -386,11 +471,11 @@ def main() -> int:
         refs = run_reference(graph, inputs)
         model = kiln_compile(graph, target)
         model.num_threads = args.threads
-        bound = [np.empty_like(r) for r in refs]
+        bound = [aligned_empty(r.shape, r.dtype) for r in refs]
         contenders: dict[str, Callable[[], object]] = {
             "kiln run()": lambda m=model, x=inputs: m.run(x),
             "kiln out=": lambda m=model, x=inputs, o=bound: m.run(x, out=o),
-            "kiln bind()": model.bind(inputs, out=[np.empty_like(r) for r in refs]),
+            "kiln bind()": model.bind(inputs, out=[aligned_empty(r.shape, r.dtype) for r in refs]),
         }
         np_fn = mnist_numpy(graph, inputs) if name == "mnist_mlp" else numpy_reference(graph, inputs)
         if np_fn is not None:
@@ -404,7 +489,7 @@ def main() -> int:
                 contenders["torch eager"] = eager
         for who, fn in contenders.items():
             check(who, name, fn(), refs)
-        per = rotated_rounds(contenders, args.rounds, args.min_time)
+        per = rotated_rounds(contenders, args.rounds, args.min_time, clock=args.clock)
         med = {k: statistics.median(v) for k, v in per.items()}
         peers = {k: v for k, v in med.items() if not k.startswith("kiln")}
         best = min(peers, key=peers.get) if peers else None
@@ -424,22 +509,30 @@ def main() -> int:
     columns = [c for c in columns if any(c in r for r in rows)]
     ratios = ("run() vs onnxruntime", "bind() vs onnxruntime", "bind() vs best peer")
     columns += [c for c in ratios if any(c in r for r in rows)]
+    load_after = os.getloadavg()
+    narrowed = os.environ.get("KILN_HOST_ISA")
+    isa = (
+        f"Kiln's code is narrowed by KILN_HOST_ISA={narrowed} on this host; numpy runs {openblas_core()}, "
+        f"torch eager is limited to {os.environ.get('ATEN_CPU_CAPABILITY', 'its default')} kernels "
+        "(ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS); onnxruntime (MLAS) cannot be "
+        "narrowed and uses the host's full ISA"
+        if narrowed
+        else f"numpy runs {openblas_core()}; onnxruntime and torch use the host's full ISA"
+    )
     text = (
         f"# Kiln CPU kernels (default schedules) vs peers\n\n"
-        f"Machine: {machine_line()}; Kiln target `{target.key}` ({target.vector_bytes * 8}-bit vectors"
-        + (
-            f"; Kiln's code is narrowed by KILN_HOST_ISA={os.environ['KILN_HOST_ISA']} on this host, the "
-            "peers use the host's full ISA"
-            if os.environ.get("KILN_HOST_ISA")
-            else ""
-        )
-        + "). "
-        f"`{command_line()}`; {args.threads} threads for every "
-        f"contender. Median over {args.rounds} interleaved rounds (rotated order) of per-round medians, in "
+        f"Machine: {machine_line()}; Kiln target `{target.key}` ({target.vector_bytes * 8}-bit vectors; "
+        f"{isa}). Load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after the run "
+        f"({os.cpu_count()} CPUs). "
+        f"`{command_line()}` (which sets "
+        + (", ".join(f"{k}={v}" for k, v in PEER_ISA_ENV.get(_host_isa(), {}).items()) or "nothing")
+        + f" for the peers); {args.threads} threads for every "
+        f"contender; {'CPU time of the calling thread' if args.clock == 'cpu' else 'wall-clock time'}. "
+        f"Median over {args.rounds} interleaved rounds (rotated order) of per-round medians, in "
         f"microseconds, with the lowest..highest round median in brackets. Outputs checked against the "
         f"numpy reference first. `kiln run()` returns fresh arrays each call (no copy); `kiln out=` writes "
-        f"into caller arrays; `kiln bind()` and onnxruntime (IOBinding) run on arrays bound once; numpy "
-        f"and torch eager allocate per call.\n\n"
+        f"into caller arrays; `kiln bind()` and onnxruntime (IOBinding) run on arrays bound once (64-byte "
+        f"aligned); numpy and torch eager allocate per call.\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
     print(text)

@@ -18,8 +18,10 @@ AVX512 = Target(
     features=("avx512f", "avx512bw", "avx512vl", "avx2", "fma"),
 )
 AVX2 = Target("cpu", "x86_64", "test avx2", cores=2, vector_bytes=32, features=("avx2", "fma"))
+SSE = Target("cpu", "x86_64", "test sse", cores=2, vector_bytes=16)
 NEON = Target("cpu", "aarch64", "test neon", cores=2, vector_bytes=16, features=("neon",))
 PINNED_TARGETS = {"avx512": AVX512, "avx2": AVX2, "neon": NEON}
+X86_TARGETS = {"avx512": AVX512, "avx2": AVX2, "sse": SSE}  # every x86 ISA level Kiln generates code for
 
 
 def same_width_as_host(target: Target) -> bool:

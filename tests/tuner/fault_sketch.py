@@ -73,13 +73,19 @@ class FaultSketch(Sketch):
         if fault == SLOW_BUILD:
             time.sleep(3600)
         if fault in ("none", "compile_error"):
-            pw = {"flatten": 1, "vector": config["vector"], "unroll": 1, "parallel": config["parallel"]}
+            pw = {
+                "flatten": 1,
+                "vector": config["vector"],
+                "unroll": 1,
+                "parallel": config["parallel"],
+                "store": "cached",
+            }
             sch = CpuPointwiseSketch().build(group, pw, target)
             if fault == "compile_error":
                 sch.func.attrs["fault"] = "compile_error"
             return sch
         sch = CpuPointwiseSketch().build(
-            group, {"flatten": 1, "vector": 1, "unroll": 1, "parallel": "none"}, target
+            group, {"flatten": 1, "vector": 1, "unroll": 1, "parallel": "none", "store": "cached"}, target
         )
         x, y = sch.func.params
         c = _scale(group)

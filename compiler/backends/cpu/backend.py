@@ -18,6 +18,7 @@ from compiler.backends.sketch import Sketch
 from compiler.errors import KilnError
 from compiler.fusion import Group
 from compiler.loopir import lower_func
+from compiler.loopir.fuse_siblings import FUSE_SIBLINGS, fuse_sibling_loops
 from compiler.loopir.stmt import PrimFunc
 from compiler.runtime.executor import CompiledModel
 from compiler.target import Target
@@ -36,7 +37,11 @@ class CpuBackend(Backend):
     )
 
     def lower(self, func: PrimFunc, unroll: bool = True) -> PrimFunc:
-        return lower_func(func, unroll)
+        """``lower_func``, then the sibling-loop fusion a sketch asked for (``attrs[FUSE_SIBLINGS]``)."""
+        out = lower_func(func, unroll)
+        if not out.attrs.get(FUSE_SIBLINGS):
+            return out
+        return PrimFunc(out.name, out.params, fuse_sibling_loops(out.body), out.num_inputs, dict(out.attrs))
 
     def sketch_for(self, group: Group, target: Target | None = None) -> Sketch:
         refuse_bfloat16(group)

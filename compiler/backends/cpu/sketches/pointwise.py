@@ -2,7 +2,10 @@
 
 Knobs: ``flatten`` (fuse every axis into one loop, or keep the last axis apart so broadcast loads stay
 contiguous), ``vector`` (SIMD lanes of the innermost loop), ``unroll`` (copies of the vector loop body),
-``parallel`` (OpenMP over the outer loop or not).
+``parallel`` (OpenMP over the outer loop or not), ``store`` (ordinary or non-temporal vector stores of the
+outputs: streaming stores skip reading the output's lines before writing them and leave the inputs in the
+cache, which pays once the inputs and outputs together overflow the last-level cache, as in the reduction
+sketch).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import math
 
 from compiler.backends import group_analysis as G
-from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
+from compiler.backends.cpu.codegen import STREAM_STORES
+from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK, streams_pay
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, place_windows, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
+from compiler.loopir import analysis as A
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
@@ -26,7 +31,7 @@ class CpuPointwiseSketch(Sketch):
     """Pointwise groups on the CPU: one (optionally flattened) loop nest, vectorized, unrolled, parallel."""
 
     name = "pointwise"
-    version = 1
+    version = 2  # 2: the store knob
     kinds = ("pointwise",)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
@@ -37,6 +42,11 @@ class CpuPointwiseSketch(Sketch):
             Knob("vector", tuple(v for v in VECTORS if v <= lanes and (v == 1 or not window)), "SIMD lanes"),
             Knob("unroll", UNROLLS if not window else (1,), "unrolled copies of the vector loop"),
             Knob("parallel", ("outer", "none"), "OpenMP over the outer loop"),
+            Knob(
+                "store",
+                ("cached", "stream") if not window else ("cached",),
+                "ordinary stores of the outputs, or non-temporal (streaming) vector stores",
+            ),
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
@@ -57,6 +67,7 @@ class CpuPointwiseSketch(Sketch):
             "vector": 1,
             "unroll": 1,
             "parallel": "outer" if numel >= PARALLEL_MIN_WORK else "none",
+            "store": "stream" if not window and streams_pay(group, target) else "cached",
         }
         inner = _inner_extent(group, config)
         for v in (16, 8, 4):
@@ -70,8 +81,11 @@ class CpuPointwiseSketch(Sketch):
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
         self.check(group, config, target)
         sch, _ = prepare(group)
-        for out in output_blocks(sch):
+        outs = output_blocks(sch)
+        for out in outs:
             _schedule_output(sch, out, config)
+        if config["store"] == "stream":
+            sch.func.attrs[STREAM_STORES] = tuple(A.writes(b)[0].name for b in outs)
         return sch
 
 

@@ -16,19 +16,17 @@ import math
 
 from compiler.backends import group_analysis as G
 from compiler.backends.cpu.codegen import STREAM_STORES
-from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
+from compiler.backends.cpu.sketches.common import EXPENSIVE, PARALLEL_MIN_WORK, streams_pay
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
-from compiler.dtypes import to_numpy
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import Binary, Call, Expr, free_vars, transform, walk
+from compiler.loopir.fuse_siblings import FUSE_SIBLINGS
 from compiler.loopir.lower import REDUCE_TREE
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
-
-EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid"}
 
 
 def _expensive(b: Block) -> bool:
@@ -95,7 +93,7 @@ class CpuReductionSketch(Sketch):
             "keep": "buffer" if _has_shared_expensive(group) else "recompute",
             "parallel": "rows" if rows >= 2 and rows * max(1, n) >= PARALLEL_MIN_WORK else "none",
             "div": "reciprocal" if _divides(group) else "exact",
-            "store": "stream" if G.row_form(group) and _streams_pay(group, target) else "cached",
+            "store": "stream" if G.row_form(group) and _streams(group, target) else "cached",
         }
         if not G.row_form(group):
             config["keep"] = "recompute"
@@ -153,7 +151,13 @@ class CpuReductionSketch(Sketch):
         if main.is_reduction:
             _schedule_reduce(sch, main, row, v, acc)
         for b in kept:
-            _vector_loop(sch, sch.get_loops(b)[-1], config["vector"], 1)
+            # a kept row (softmax's exp) walked in steps of the reductions' accum x vector: after lowering,
+            # the reduction that reads it joins its loop (one pass over the row instead of two, the sum
+            # taken from registers); see compiler/loopir/fuse_siblings.py
+            loop = sch.get_loops(b)[-1]
+            step = v * acc if loop.extent % (v * acc) == 0 else v
+            _vector_loop(sch, loop, config["vector"], step // max(1, config["vector"]))
+            sch.func.attrs[FUSE_SIBLINGS] = True
         if col is not None:
             _vector_loop(sch, col, config["vector"], config["unroll"])
         if row is not None and config["parallel"] == "rows":
@@ -165,14 +169,8 @@ class CpuReductionSketch(Sketch):
         return sch
 
 
-def _streams_pay(group: Group, target: Target) -> bool:
-    """Whether streaming stores pay by default: the group's input and output together overflow half the
-    last-level cache (then the output's lines would be read before being written, and evict the input)."""
-    nbytes = sum(math.prod(v.shape) * to_numpy(v.dtype).itemsize for v in (*group.inputs, *group.outputs))
-    # a transcendental per element (softmax's exp) makes the kernel compute-bound on 2 cores: measured,
-    # streaming then gains nothing there (the tuner can still pick it)
-    cheap = not any(n.op in EXPENSIVE for n in group.subgraph.nodes)
-    return _full_output(group) and cheap and nbytes > target.l3_bytes // 2
+def _streams(group: Group, target: Target) -> bool:
+    return _full_output(group) and streams_pay(group, target)
 
 
 def _divides(group: Group) -> bool:

@@ -1,5 +1,7 @@
-"""Property tests: for every sketch, a config drawn at random from its space on a random small shape is
-either rejected up front by ``check`` or, once built, lowered and interpreted, computes the reference."""
+"""Property tests: for every sketch, a config drawn at random from its space on a random small shape, for a
+target drawn among the host and every x86 ISA level (AVX-512, AVX2, SSE: the spaces depend on the vector
+width and register count), is either rejected up front by ``check`` or, once built, lowered and interpreted,
+computes the reference."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.backends import sketch_for
+from compiler.backends import get_backend, sketch_for
 from compiler.builder import GraphBuilder
 from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
 from compiler.graph import Graph
 from compiler.layouts import apply_input_layouts
-from compiler.loopir import evaluate, lower_func
+from compiler.loopir import evaluate
 from compiler.passes import optimize
 from compiler.reference import run_reference
 from compiler.target import Target
@@ -33,8 +35,10 @@ from tests.compiler.property_graphs import (
     pooling_graph,
     reduction_graph,
 )
+from tests.targets import X86_TARGETS
 
 CPU = Target.host()
+TARGETS = (CPU, *X86_TARGETS.values())
 SETTINGS = settings(
     max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", "30")),
     deadline=None,
@@ -43,9 +47,10 @@ SETTINGS = settings(
 
 
 def check_all_groups(graph: Graph, data: st.DataObject, kind: str) -> None:
-    for group, sketch, config in legal_configs(graph, data, kind, CPU):
-        sch = sketch.build(group, config, CPU)  # must not fail for a config that passed check
-        func = lower_func(sch.func)
+    target = data.draw(st.sampled_from(TARGETS), label="target")
+    for group, sketch, config in legal_configs(graph, data, kind, target):
+        sch = sketch.build(group, config, target)  # must not fail for a config that passed check
+        func = get_backend(target).lower(sch.func)  # lower_func and the CPU backend's loop passes
         ins = inputs_for(group)
         outs = evaluate(func, apply_input_layouts(func.attrs, ins))
         refs = run_reference(group.subgraph, ins)
@@ -154,23 +159,24 @@ def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
     check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=["host", *X86_TARGETS])
 @pytest.mark.parametrize("kind", ["pointwise", "reduction", "contraction"])
-def test_defaults_pass_their_own_check(kind):
+def test_defaults_pass_their_own_check(kind, target):
     for spec in MODELS.values():
         for group in fuse(optimize(spec.graph())).groups:
             if group.kind == kind:
-                sk = sketch_for(group, CPU)
-                sk.check(group, sk.default(group, CPU), CPU)
+                sk = sketch_for(group, target)
+                sk.check(group, sk.default(group, target), target)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", list(X86_TARGETS))
 def test_default_matmul_tile_fills_the_isas_registers(isa):
     """The default register tile of a large matmul uses most of the target's vector registers as
-    accumulators (enough to cover the FMA latency) without spilling: 8x32 on AVX-512, 6x16 on AVX2."""
+    accumulators (enough to cover the FMA latency) without spilling: 8x32 on AVX-512, 6x16 on AVX2, 6x8 on
+    SSE."""
     from compiler.errors import ScheduleError
-    from tests.targets import PINNED_TARGETS
 
-    target = PINNED_TARGETS[isa]
+    target = X86_TARGETS[isa]
     group = fuse(optimize(matmul_graph(1024, 1024, 1024, False, False, "none")), None).groups[0]
     sketch = sketch_for(group, target)
     cfg = sketch.default(group, target)

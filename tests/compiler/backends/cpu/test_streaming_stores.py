@@ -60,4 +60,52 @@ def test_default_streams_only_memory_bound_outputs_beyond_the_cache():
     assert sketch.default(group, big)["store"] == "cached"
     b = GraphBuilder("sm")
     softmax = fuse(optimize(b.build([b.softmax(b.input("x", (512, 512)), axis=-1)])), None).groups[0]
-    assert sketch.default(softmax, small)["store"] == "cached"  # exp-bound: streaming gains nothing
+    assert sketch.default(softmax, small)["store"] == "cached"  # exp-bound on 8 lanes: streaming loses
+    wide = Target("cpu", "x86_64", "t", cores=2, vector_bytes=64, features=("avx512f",), l3_bytes=1 << 20)
+    assert sketch.default(softmax, wide)["store"] == "stream"  # 16 lanes: memory-bound, full-line stores
+
+
+def _add(rows: int, cols: int, op: str = "add"):
+    b = GraphBuilder("pw")
+    x, y = b.input("x", (rows, cols)), b.input("y", (rows, cols))
+    out = b.add(x, y) if op == "add" else b.gelu(b.add(x, y))
+    return b.build([out])
+
+
+@pytest.mark.parametrize("parallel", ["outer", "none"])
+def test_pointwise_streams_its_output_aligned_or_not(parallel: str):
+    """The pointwise sketch's ``store`` knob: streamed vector stores, each thread fenced, right results on an
+    aligned output (streamed) and on a misaligned one (ordinary stores)."""
+    graph = _add(64, 256)
+    model = _compile(graph, store="stream", parallel=parallel)
+    assert model.kernels[0].sketch == "pointwise" and model.kernels[0].config["store"] == "stream"
+    text = kernel_text(model.source, model.kernels[0].name)
+    if Target.host().vector_lanes_f32 > 1:
+        assert "kiln_stream_f32x" in text
+    assert text.rstrip().endswith("kiln_sfence();\n}")
+    if parallel == "outer":
+        assert "#pragma omp for schedule(static) nowait" in text and text.count("kiln_sfence();") == 2
+    x = random_inputs(graph, seed=2)
+    ref = run_reference(graph, x)[0]
+    np.testing.assert_allclose(model.run(x)[0], ref, rtol=1e-6)
+    misaligned = np.empty(ref.size + 1, np.float32)[1:].reshape(ref.shape)
+    np.testing.assert_allclose(model.run(x, out=[misaligned])[0], ref, rtol=1e-6)
+    cached = _compile(graph, store="cached")
+    assert "kiln_stream" not in kernel_text(cached.source, cached.kernels[0].name)
+
+
+def test_pointwise_default_streams_only_cheap_outputs_beyond_the_cache():
+    from compiler.fusion import fuse
+    from compiler.passes import optimize
+
+    small = Target("cpu", "x86_64", "t", cores=2, vector_bytes=32, features=("avx2", "fma"), l3_bytes=1 << 20)
+    big = Target("cpu", "x86_64", "t", cores=2, vector_bytes=32, features=("avx2", "fma"), l3_bytes=1 << 30)
+    add = fuse(optimize(_add(512, 512)), None).groups[0]  # 3 MiB in + out
+    sketch = get_backend(small).sketch_for(add)
+    assert sketch.name == "pointwise"
+    assert sketch.default(add, small)["store"] == "stream"
+    assert sketch.default(add, big)["store"] == "cached"
+    gelu = fuse(optimize(_add(512, 512, "gelu")), None).groups[0]
+    assert sketch.default(gelu, small)["store"] == "cached"  # erf-bound: streaming gains nothing
+    wide = Target("cpu", "x86_64", "t", cores=2, vector_bytes=64, features=("avx512f",), l3_bytes=1 << 20)
+    assert sketch.default(gelu, wide)["store"] == "cached"
