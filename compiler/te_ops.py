@@ -175,10 +175,59 @@ def _flatten(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
     return linear
 
 
+def _reshape_groups(dst: Sequence[int], src: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+    """Runs of destination and source dimensions with equal sizes (a reshape merging [H, W] into [H*W]
+    maps those two dimensions to that one, and the others one to one); None for shapes with no
+    dimensions or an empty one."""
+    if not dst or not src or 0 in dst or 0 in src:
+        return None
+    groups: list[tuple[list[int], list[int]]] = []
+    a = b = 0
+    while a < len(dst) and b < len(src):
+        ga, gb, pd, ps = [a], [b], dst[a], src[b]
+        a, b = a + 1, b + 1
+        while pd != ps:
+            if pd < ps:
+                ga.append(a)
+                pd, a = pd * dst[a], a + 1
+            else:
+                gb.append(b)
+                ps, b = ps * src[b], b + 1
+        groups.append((ga, gb))
+    ga, gb = groups[-1]
+    groups[-1] = (ga + list(range(a, len(dst))), gb + list(range(b, len(src))))  # trailing 1s
+    return groups
+
+
+def _reshape_index(i: Sequence[Expr], dst: Sequence[int], src: Sequence[int]) -> tuple[Expr, ...]:
+    """The source index of a reshape's output element ``i``: per run of dimensions of equal sizes (see
+    :func:`_reshape_groups`), the run's linear index unflattened over its source dimensions, the
+    outermost without a modulo, so a reshape that only merges or splits dimensions reads with affine
+    indices (``x[n, c, 0, y * W + x]``) instead of divisions of the whole tensor's linear index."""
+    groups = _reshape_groups(dst, src)
+    if groups is None:
+        return _unflatten(_flatten(i, dst), src)
+    idx: list[Expr] = []
+    for ga, gb in groups:
+        linear = _flatten([i[k] for k in ga], [dst[k] for k in ga])
+        sizes = [src[k] for k in gb]
+        stride = math.prod(sizes)
+        outer = True
+        for d in sizes:
+            stride //= d
+            if d == 1:
+                idx.append(const(0))
+                continue
+            q = linear // stride if stride > 1 else linear
+            idx.append(q if outer else q % d)
+            outer = False
+    return tuple(idx)
+
+
 @register_compute("reshape", "expand_dims", "squeeze")
 def _reshape(ins, attrs, out, name):
     (x,) = ins
-    return [compute(out.shape, lambda *i: x[_unflatten(_flatten(i, out.shape), x.shape)], name)]
+    return [compute(out.shape, lambda *i: x[_reshape_index(i, out.shape, x.shape)], name)]
 
 
 @register_compute("transpose")

@@ -43,7 +43,7 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
 
-NR_X = (4, 8, 16, 32, 48, 64)
+NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 784 pixels)
 
 
 def conv_geometry(group: Group) -> dict[str, int]:
@@ -101,7 +101,12 @@ class CpuConvSketch(Sketch):
         register tile runs its rows; ``gemm`` otherwise (1x1 and deep convolutions)."""
         geo = conv_geometry(group)
         depth = geo["cg"] * geo["kh"] * geo["kw"]
-        if geo["kh"] * geo["kw"] == 1 or (depth > 64 and geo["groups"] == 1):
+        if geo["kh"] * geo["kw"] == 1:
+            # a 1x1 convolution whose image was flattened into one row (passes/flatten_pointwise_conv)
+            # when whole vectors of the widest lanes tile that row; the GEMM view otherwise
+            row = geo["oh"] == 1 and geo["ow"] % target.vector_lanes_f32 == 0
+            return "direct" if row and geo["sw"] == 1 else "gemm"
+        if depth > 64 and geo["groups"] == 1:
             return "gemm"
         rows_fit = geo["padded"] and geo["sw"] == 1
         return "direct" if rows_fit or any(geo["ow"] % nr == 0 for nr in self._nr_values(geo)) else "gemm"
@@ -165,7 +170,7 @@ class CpuConvSketch(Sketch):
         best, best_key = None, (-1.0, 0)
         for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
             for nr in self._nr_values(geo):
-                if nr % v or (ow % nr and not tails_run) or nr // v > 4:
+                if nr % v or (ow % nr and not tails_run) or nr // v > 7:
                     continue
                 for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4)):
                     nv = nr // v

@@ -94,6 +94,35 @@ def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthw
     assert_computes(group, config, target)
 
 
+@SETTINGS
+@given(
+    c=st.integers(1, 6),
+    o=st.sampled_from([1, 4, 7]),
+    hw=st.sampled_from([(4, 4), (2, 8), (4, 8), (8, 6), (7, 16), (3, 8)]),
+    epilogue=st.sampled_from(["relu", "relu6", "residual"]),
+    avx2=st.booleans(),
+    data=st.data(),
+)
+def test_every_legal_config_of_a_flattened_pointwise_conv_computes_the_reference(
+    c, o, hw, epilogue, avx2, data
+):
+    """A 1x1 convolution whose image passes/flatten_pointwise_conv viewed as one row: the direct method
+    when whole vectors of the target's lanes tile the row."""
+    if epilogue == "residual":
+        o = c
+    target = AVX2 if avx2 else AVX512
+    group = conv_group(conv_net(c, o, hw[0], hw[1], 1, 1, 0, 1, epilogue))
+    geo_row = hw[0] * hw[1]
+    expected = "direct" if geo_row % target.vector_lanes_f32 == 0 else "gemm"
+    assert SKETCH.method(group, target) == expected
+    config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in SKETCH.space(group, target)}
+    try:
+        SKETCH.check(group, config, target)
+    except ScheduleError:
+        return  # rejected up front: allowed
+    assert_computes(group, config, target)
+
+
 @pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
 @pytest.mark.parametrize(
     "shape",
@@ -101,7 +130,8 @@ def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthw
         (3, 32, 16, 16, 3, 1, 1, 1),  # first layer of a conv net: direct
         (1, 1, 14, 14, 3, 1, 1, 24),  # depthwise: direct
         (8, 8, 7, 7, 3, 1, 1, 1),  # 3x3 on a small image
-        (8, 24, 7, 7, 1, 1, 0, 1),  # 1x1: the GEMM view
+        (8, 24, 7, 7, 1, 1, 0, 1),  # 1x1 on 49 pixels: the GEMM view
+        (8, 24, 4, 8, 1, 1, 0, 1),  # 1x1 on 32 pixels: direct along the flattened image
         (4, 8, 9, 9, 3, 2, 0, 1),  # stride 2, unpadded
         (2, 4, 3, 3, 3, 1, 1, 1),  # a 3x3 image: row tiles narrower than the ISA's vectors
     ],
@@ -120,7 +150,10 @@ def test_default_method_follows_the_reduction_depth():
     pointwise = conv_group(conv_net(32, 32, 14, 14, 1, 1, 0, 1, "relu"))
     assert SKETCH.default(first, AVX512)["method"] == "direct"
     assert SKETCH.default(depthwise, AVX512)["method"] == "direct"
-    assert SKETCH.default(pointwise, AVX512)["method"] == "gemm"
+    assert SKETCH.default(pointwise, AVX512)["method"] == "gemm"  # 196 pixels: 16-lane vectors leave a tail
+    flat = conv_group(conv_net(32, 32, 28, 28, 1, 1, 0, 1, "relu"))  # 784 pixels: 49 vectors
+    assert SKETCH.default(flat, AVX512)["method"] == "direct"
+    assert SKETCH.default(flat, AVX2)["method"] == "direct"
 
 
 def test_avx2_tiles_fit_sixteen_registers():
