@@ -96,19 +96,24 @@ class CpuConvSketch(Sketch):
 
     # ------------------------------------------------------------------ space
     def method(self, group: Group, target: Target) -> str:
-        """The method for this convolution: ``direct`` for a windowed convolution with a shallow reduction
-        (C/g x KH x KW <= 64: a first layer, a depthwise convolution) or any grouped one, when some
-        register tile runs its rows; ``gemm`` otherwise (1x1 and deep convolutions)."""
+        """The method for this convolution, by rule (measured on the ONNX nets' convolutions):
+
+        - 1x1: ``direct`` when its image was flattened into one row (passes/flatten_pointwise_conv) that
+          whole vectors of the target's lanes tile, else ``gemm``;
+        - a deep dense window (C x KH x KW > 64): ``direct`` when its rows run whole vectors (the output
+          row a multiple of the lanes) or, with 32 vector registers, over the padded input copy; else
+          ``gemm`` (with 16 registers the direct tile holds 8-12 accumulators and lost to the GEMM view
+          on ResNet's 3x3 64->64 at 28x28, whose rows end in a part vector);
+        - a shallow or grouped window (a first layer, a depthwise convolution): ``direct`` when some
+          register tile runs its rows, else ``gemm``."""
         geo = conv_geometry(group)
         depth = geo["cg"] * geo["kh"] * geo["kw"]
-        if geo["kh"] * geo["kw"] == 1:
-            # a 1x1 convolution whose image was flattened into one row (passes/flatten_pointwise_conv)
-            # when whole vectors of the widest lanes tile that row; the GEMM view otherwise
-            row = geo["oh"] == 1 and geo["ow"] % target.vector_lanes_f32 == 0
-            return "direct" if row and geo["sw"] == 1 else "gemm"
-        if depth > 64 and geo["groups"] == 1:
-            return "gemm"
+        whole = geo["ow"] % target.vector_lanes_f32 == 0
         rows_fit = geo["padded"] and geo["sw"] == 1
+        if geo["kh"] * geo["kw"] == 1:
+            return "direct" if geo["oh"] == 1 and whole and geo["sw"] == 1 else "gemm"
+        if depth > 64 and geo["groups"] == 1:
+            return "direct" if whole or (rows_fit and registers(target) >= 32) else "gemm"
         return "direct" if rows_fit or any(geo["ow"] % nr == 0 for nr in self._nr_values(geo)) else "gemm"
 
     @staticmethod
@@ -167,7 +172,7 @@ class CpuConvSketch(Sketch):
         FMAs per load (:meth:`_fmas_per_load`) x vector lanes, less the lanes wasted on tail tiles."""
         ow, budget = geo["ow"], registers(target) - 4
         tails_run = geo["padded"] and geo["sw"] == 1  # whole vectors over the padded copy
-        best, best_key = None, (-1.0, 0)
+        best, best_key = None, (False, -1.0, 0)
         for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
             for nr in self._nr_values(geo):
                 if nr % v or (ow % nr and not tails_run) or nr // v > 7:
@@ -178,7 +183,9 @@ class CpuConvSketch(Sketch):
                         continue
                     used = ow / (-(-ow // nr) * nr) * geo["oh"] / (-(-geo["oh"] // ry) * ry)
                     used *= geo["o"] / (-(-geo["o"] // oc) * oc)
-                    key = (self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
+                    # a channel tile that does not divide O guards its FMAs inside the reduction loop
+                    whole = geo["o"] % oc == 0 or oc > geo["o"]
+                    key = (whole, self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
                     if key > best_key:
                         best, best_key = (oc, ry, nr, v), key
         oc, ry, nr, v = best or (1, 1, min(self._nr_values(geo)), 1)

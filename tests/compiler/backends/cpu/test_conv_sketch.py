@@ -76,14 +76,19 @@ def assert_computes(group: Group, config: dict, target: Target) -> None:
     s=st.integers(1, 2),
     pad=st.integers(0, 1),
     depthwise=st.booleans(),
+    deep=st.booleans(),
     epilogue=st.sampled_from(["relu", "relu6", "residual"]),
     avx2=st.booleans(),
     data=st.data(),
 )
-def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthwise, epilogue, avx2, data):
+def test_every_legal_config_computes_the_reference(
+    c, o, h, w, k, s, pad, depthwise, deep, epilogue, avx2, data
+):
     groups = 1
     if depthwise:  # one input and one output channel per group
         groups, c, o = c + 1, 1, 1
+    elif deep and k == 3:  # C x KH x KW > 64: the deep-window rule
+        c = 8
     group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, epilogue))
     target = AVX2 if avx2 else AVX512
     config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in SKETCH.space(group, target)}
@@ -134,6 +139,8 @@ def test_every_legal_config_of_a_flattened_pointwise_conv_computes_the_reference
         (8, 24, 4, 8, 1, 1, 0, 1),  # 1x1 on 32 pixels: direct along the flattened image
         (4, 8, 9, 9, 3, 2, 0, 1),  # stride 2, unpadded
         (2, 4, 3, 3, 3, 1, 1, 1),  # a 3x3 image: row tiles narrower than the ISA's vectors
+        (8, 8, 6, 6, 3, 1, 1, 1),  # deep (72) on 6-pixel rows: direct over the padded copy / GEMM view
+        (8, 8, 4, 16, 3, 1, 1, 1),  # deep on 16-pixel rows: direct on both ISAs
     ],
 )
 def test_default_passes_its_check_and_computes(shape, target):
@@ -144,13 +151,18 @@ def test_default_passes_its_check_and_computes(shape, target):
     assert_computes(group, config, target)
 
 
-def test_default_method_follows_the_reduction_depth():
+def test_default_method_follows_the_rule():
     first = conv_group(conv_net(3, 32, 16, 16, 3, 1, 1, 1, "relu"))
     depthwise = conv_group(conv_net(1, 1, 14, 14, 3, 1, 1, 24, "relu"))
     pointwise = conv_group(conv_net(32, 32, 14, 14, 1, 1, 0, 1, "relu"))
     assert SKETCH.default(first, AVX512)["method"] == "direct"
     assert SKETCH.default(depthwise, AVX512)["method"] == "direct"
     assert SKETCH.default(pointwise, AVX512)["method"] == "gemm"  # 196 pixels: 16-lane vectors leave a tail
+    deep_28 = conv_group(conv_net(64, 64, 28, 28, 3, 1, 1, 1, "relu"))  # rows end in a part vector
+    deep_16 = conv_group(conv_net(32, 64, 16, 16, 3, 1, 1, 1, "relu"))  # rows of whole vectors
+    assert SKETCH.default(deep_28, AVX512)["method"] == "direct"
+    assert SKETCH.default(deep_28, AVX2)["method"] == "gemm"
+    assert SKETCH.default(deep_16, AVX2)["method"] == "direct"
     flat = conv_group(conv_net(32, 32, 28, 28, 1, 1, 0, 1, "relu"))  # 784 pixels: 49 vectors
     assert SKETCH.default(flat, AVX512)["method"] == "direct"
     assert SKETCH.default(flat, AVX2)["method"] == "direct"
