@@ -368,6 +368,41 @@ def _window(size_in: int, pos: Expr, lo: int, k: Expr, stride: int, dil: int) ->
     return coord, conds
 
 
+def _conv_pad(x: Tensor, padding: Sequence[int], name: str) -> list[Tensor]:
+    """The zero-padded copy of a convolution's input [N, C, H, W], in two stages whose every load is in
+    bounds, so both vectorize along the row (a single ``select(inside, x[y - pt, x - pl], 0)`` reads
+    before the first and after the last element at its corners, and stays scalar):
+
+    - ``<name>_rows_pad`` [N, C, 1 + Hp + 1, W]: the rows padded (an extra zero row at each end), each row
+      read at a clamped row index (``select(row inside, x[n, c, clamp(r), :], 0)``);
+    - ``<name>_pad`` [N, C, Hp, Wp]: the columns padded, ``select(column inside, rows[n, c, y + 1,
+      x - pl], 0)``, whose reads stay inside ``rows`` thanks to its extra rows.
+
+    One stage (the select over ``x``) when a side's padding is wider than the image."""
+    pt, pl, pb, pr = padding
+    n_, c_, h_, w_ = x.shape
+    hp, wp = h_ + pt + pb, w_ + pl + pr
+    zero = const(0, x.dtype)
+    if max(pl, pr) > w_ or max(pt, pb) >= h_:
+
+        def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
+            conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]
+            return select(logical_and(*conds), x[n, c, yy - pt, xx - pl], zero)
+
+        return [compute((n_, c_, hp, wp), pad, f"{name}_pad")]
+
+    def rows_pad(n: Expr, c: Expr, r: Expr, xx: Expr) -> Expr:
+        inside = logical_and(r.ge(1 + pt), r.lt(1 + pt + h_))
+        return select(inside, x[n, c, maximum(minimum(r - (1 + pt), h_ - 1), 0), xx], zero)
+
+    rows = compute((n_, c_, hp + 2, w_), rows_pad, f"{name}_rows_pad")
+
+    def cols_pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
+        return select(logical_and(xx.ge(pl), xx.lt(pl + w_)), rows[n, c, yy + 1, xx - pl], zero)
+
+    return [rows, compute((n_, c_, hp, wp), cols_pad, f"{name}_pad")]
+
+
 @register_compute("conv2d")
 def _conv2d(ins, attrs, out, name):
     x, w = ins
@@ -380,17 +415,10 @@ def _conv2d(ins, attrs, out, name):
     stages: list[Tensor] = []
     src, top, left = x, pt, pl
     if attrs["padding"] != (0, 0, 0, 0):
-        # an explicit zero-padded copy (the "<name>_pad" stage): the contraction sketch keeps it, so the
-        # convolution's inner loop reads with plain affine indices; other schedules inline it back
-        pb, pr = attrs["padding"][2], attrs["padding"][3]
-        n_, c_, h_, w_ = x.shape
-
-        def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
-            conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]
-            return select(logical_and(*conds), x[n, c, yy - pt, xx - pl], const(0, x.dtype))
-
-        src = compute((n_, c_, h_ + pt + pb, w_ + pl + pr), pad, f"{name}_pad")
-        stages.append(src)
+        # an explicit zero-padded copy (the "<name>_pad" stage): the CPU conv and contraction sketches keep
+        # it, so the convolution's inner loop reads with plain affine indices; other schedules inline it
+        stages = _conv_pad(x, attrs["padding"], name)
+        src = stages[-1]
         top = left = 0
 
     def f(n: Expr, oc: Expr, y: Expr, xx: Expr) -> Expr:

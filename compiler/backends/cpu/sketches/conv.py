@@ -3,8 +3,9 @@ epilogue (folded BatchNorm bias, ReLU / ReLU6, residual), scheduled one of two w
 convolution (:meth:`CpuConvSketch.method`; the ``method`` knob has that one value, and the space holds that
 method's knobs only, so every config the tuner draws is a distinct schedule):
 
-``direct`` — a direct convolution vectorized along the output row (x), for windowed convolutions with a
-shallow reduction (depthwise convolutions, the first layer of a net with 3 input channels)::
+``direct`` — a direct convolution vectorized along the output row (x): first layers, depthwise
+convolutions, deep windows whose rows fit the vectors, and 1x1 convolutions whose image
+``passes/flatten_pointwise_conv`` viewed as one row of H*W pixels (see :meth:`CpuConvSketch.method`)::
 
     parallel for (n, o_o, y_o)
       for x_o                                    acc[oc_tile][ry][nr]: OC x RY x (NR/V) vector registers
@@ -17,7 +18,8 @@ shallow reduction (depthwise convolutions, the first layer of a net with 3 input
   weights of one tap are adjacent scalars (broadcast into FMAs); input and output keep the graph's NCHW
   layout, so the convolution chains with every other kernel without layout conversions. A row tail (the
   output width not a multiple of NR) runs whole vectors over the zero-padded input copy grown to cover
-  them (``Schedule.pad``); only the epilogue's stores are guarded.
+  them (``Schedule.pad``); only the epilogue's stores are guarded. The padded copy's two stages (rows,
+  then columns: ``te_ops._conv_pad``) run in vectors of the target's lanes.
 
 ``gemm`` — the contraction sketch's register-tiled GEMM view (M = output pixels, N = output channels,
 K = C/g x KH x KW) with the weights pre-packed at compile time and the input read in place (no packing
@@ -247,7 +249,7 @@ class CpuConvSketch(Sketch):
         sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
         for b in (mm, init, epi):
             self._vector_tile(sch, b, v, x_o)
-        self._schedule_pad(sch, config)
+        self._schedule_pad(sch, config, target)
         if config["parallel_x"] == "outer":
             fused = fuse_loops(sch, outer)
             if fused is not None and fused.extent > 1:
@@ -272,9 +274,11 @@ class CpuConvSketch(Sketch):
             sch.unroll(lp)
 
     @staticmethod
-    def _schedule_pad(sch: Schedule, config: Config) -> None:
-        """The zero-padded input copy: one pass, parallel over its outer axes when big enough, its rows
-        vectorized when they are long."""
+    def _schedule_pad(sch: Schedule, config: Config, target: Target) -> None:
+        """The zero-padded input copy (te_ops' two stages, rows then columns): each one pass, parallel
+        over its outer axes when big enough, its rows in vectors of the target's lanes (every load of
+        both stages is in bounds, so the selects vectorize)."""
+        lanes = target.vector_lanes_f32
         for b in sch.blocks():
             if not b.name.endswith("_pad"):
                 continue
@@ -282,6 +286,12 @@ class CpuConvSketch(Sketch):
             numel = math.prod(lp.extent for lp in loops)
             if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PARALLEL_MIN_WORK:
                 sch.parallel(fuse_loops(sch, loops[:-2]))
+            row = sch.get_loops(b)[-1]
+            if lanes > 1 and row.extent >= lanes and b.name.endswith("_rows_pad"):
+                continue  # a plain row copy under a per-row condition: gcc vectorizes it as it is
+            if lanes > 1 and row.extent >= lanes:
+                _rest, vec = sch.split(row, [None, lanes])
+                sch.vectorize(vec)
 
 
 def registers(target: Target) -> int:
