@@ -13,7 +13,7 @@ still has AVX-512, onnxruntime still uses it).
 
     python scripts/bench_onnx_nets.py --workdir W --contenders "kiln default,onnxruntime" --threads 1 \\
         --no-store --out table.md
-    python scripts/bench_onnx_nets.py --nets conv_net resnet_block --workdir W --db sqlite:///W/n.db --tune 100
+    python scripts/bench_onnx_nets.py --nets conv_net --workdir W --db sqlite:///W/n.db --tune 100
     python scripts/bench_onnx_nets.py --workdir W --write-only     # only write the nets
 """
 
