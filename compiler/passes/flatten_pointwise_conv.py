@@ -17,7 +17,9 @@ node whose output has the convolution's shape and reads a flattened value is reb
 its other operands taken as they are when they broadcast per channel (trailing dimensions 1 x 1), through
 a new ``broadcast_to`` when they are a broadcast of such a per-channel value, or reshaped (a view) when
 they are full [N, O, H, W] tensors. Every value keeps a reshape back to [N, O, H, W] for its other
-consumers; ``dce`` drops the ones nobody reads. Run it after ``fold_conv_scale`` and before ``dce``.
+consumers; ``dce`` drops the ones nobody reads. A convolution whose chain ends in a graph output stays as
+it is (the output would be a view of the flat value, which the runtime copies out on every call). Run it
+after ``fold_conv_scale`` and before ``dce``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,25 @@ def _elementwise(node: Node) -> bool:
     )
 
 
+def _reaches_output(graph: Graph, conv: Node, consumers: dict) -> bool:
+    """Whether the convolution's elementwise chain (what this pass would move into the flat view) ends in
+    a graph output: that output would be a reshape of the flat value, which the runtime copies out."""
+    outputs = set(map(id, graph.outputs))
+    stack, seen = [conv.output], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in outputs:
+            return True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        stack += [c.output for c in consumers.get(v, []) if _elementwise(c) and c.output.shape == v.shape]
+    return False
+
+
 def flatten_pointwise_conv(graph: Graph) -> Graph:
+    consumers = graph.consumers()
+    skip = {id(n) for n in graph.nodes if _pointwise_1x1(n) and _reaches_output(graph, n, consumers)}
     flat: dict[Value, Value] = {}  # a value of the new graph (4-D) -> the same value as [N, O, 1, H*W]
 
     def flat_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -81,7 +101,7 @@ def flatten_pointwise_conv(graph: Graph) -> Graph:
     unflat: dict[tuple[int, ...], tuple[int, int]] = {}  # flattened shape -> the image's (H, W)
 
     def rule(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value | None:
-        if _pointwise_1x1(node):
+        if _pointwise_1x1(node) and id(node) not in skip:
             x = inputs[0]
             n, c, h, w = x.shape
             xf = flat.get(x) or b.reshape(x, (n, c, 1, h * w))
