@@ -34,7 +34,9 @@ SETTINGS = settings(
 
 
 def conv_net(c: int, o: int, h: int, w: int, k: int, s: int, pad: int, groups: int, epilogue: str) -> Graph:
-    """conv2d (constant weight) + a per-channel bias + an activation (relu / relu6 / residual)."""
+    """conv2d (constant weight) + a per-channel bias + an activation (relu / relu6 / residual), then a 1x1
+    max pool (an identity, but not elementwise: the convolution's chain does not end in the graph output,
+    so passes/flatten_pointwise_conv flattens a 1x1 convolution as it would inside a net)."""
     rng = np.random.default_rng(1)
     b = GraphBuilder("conv")
     x = b.input("x", (1, c * groups, h, w))
@@ -47,7 +49,7 @@ def conv_net(c: int, o: int, h: int, w: int, k: int, s: int, pad: int, groups: i
         y = b.add(y, x)
     else:
         y = b.relu(y)
-    return b.build([y])
+    return b.build([b.max_pool2d(y, (1, 1))])
 
 
 def conv_group(graph: Graph) -> Group:
