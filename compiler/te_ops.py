@@ -368,6 +368,9 @@ def _window(size_in: int, pos: Expr, lo: int, k: Expr, stride: int, dil: int) ->
     return coord, conds
 
 
+TWO_STAGE_PAD_BYTES = 1 << 20  # about the L2 cache of the machines measured (see _conv_pad)
+
+
 def _conv_pad(x: Tensor, padding: Sequence[int], name: str) -> list[Tensor]:
     """The zero-padded copy of a convolution's input [N, C, H, W], in two stages whose every load is in
     bounds, so both vectorize along the row (a single ``select(inside, x[y - pt, x - pl], 0)`` reads
@@ -378,12 +381,16 @@ def _conv_pad(x: Tensor, padding: Sequence[int], name: str) -> list[Tensor]:
     - ``<name>_pad`` [N, C, Hp, Wp]: the columns padded, ``select(column inside, rows[n, c, y + 1,
       x - pl], 0)``, whose reads stay inside ``rows`` thanks to its extra rows.
 
-    One stage (the select over ``x``) when a side's padding is wider than the image."""
+    One stage (the select over ``x``) when a side's padding is wider than the image, or when the two
+    stages' buffers together exceed ``TWO_STAGE_PAD_BYTES``: then the extra pass over memory cost more
+    than the vector selects saved (MobileNetV2's depthwise input, 192 x 28 x 28: 1.4 MiB of copies).
+    """
     pt, pl, pb, pr = padding
     n_, c_, h_, w_ = x.shape
     hp, wp = h_ + pt + pb, w_ + pl + pr
     zero = const(0, x.dtype)
-    if max(pl, pr) > w_ or max(pt, pb) >= h_:
+    two_stage_bytes = n_ * c_ * ((hp + 2) * w_ + hp * wp) * dtypes.info(x.dtype).itemsize
+    if max(pl, pr) > w_ or max(pt, pb) >= h_ or two_stage_bytes > TWO_STAGE_PAD_BYTES:
 
         def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
             conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]

@@ -275,10 +275,11 @@ class CpuConvSketch(Sketch):
 
     @staticmethod
     def _schedule_pad(sch: Schedule, config: Config, target: Target) -> None:
-        """The zero-padded input copy (te_ops' two stages, rows then columns): each one pass, parallel
-        over its outer axes when big enough, its rows in vectors of the target's lanes (every load of
-        both stages is in bounds, so the selects vectorize)."""
+        """The zero-padded input copy (te_ops' two stages, rows then columns, or one): each stage one
+        pass, parallel over its outer axes when big enough; the column stage in vectors of the target's
+        lanes (its loads are in bounds, so its select vectorizes)."""
         lanes = target.vector_lanes_f32
+        two_stage = any(b.name.endswith("_rows_pad") for b in sch.blocks())
         for b in sch.blocks():
             if not b.name.endswith("_pad"):
                 continue
@@ -287,8 +288,10 @@ class CpuConvSketch(Sketch):
             if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PARALLEL_MIN_WORK:
                 sch.parallel(fuse_loops(sch, loops[:-2]))
             row = sch.get_loops(b)[-1]
-            if lanes > 1 and row.extent >= lanes and b.name.endswith("_rows_pad"):
-                continue  # a plain row copy under a per-row condition: gcc vectorizes it as it is
+            if b.name.endswith("_rows_pad") or not two_stage:
+                # the rows stage is a row copy under a per-row condition (gcc vectorizes it as it is);
+                # a one-stage copy reads out of bounds at its corners and stays scalar
+                continue
             if lanes > 1 and row.extent >= lanes:
                 _rest, vec = sch.split(row, [None, lanes])
                 sch.vectorize(vec)
