@@ -197,3 +197,17 @@ def test_an_oversized_direct_tile_is_rejected_with_its_size():
     config = {**SKETCH.default(group, AVX2), "oc_tile": 12, "ry": 4, "nr_x": 16, "vector_x": 8}
     with pytest.raises(ScheduleError, match="96 vector accumulators"):
         SKETCH.check(group, config, AVX2)
+
+
+@pytest.mark.parametrize("two_stage_bytes", [0, 1 << 20], ids=["one-stage pad", "two-stage pad"])
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+def test_both_padded_copies_compute_the_reference(two_stage_bytes, target, monkeypatch):
+    """te_ops._conv_pad: one select over the input (large copies) or rows then columns (vectorized)."""
+    monkeypatch.setattr("compiler.te_ops.TWO_STAGE_PAD_BYTES", two_stage_bytes)
+    for shape in [(3, 8, 5, 19, 3, 1, 1, 1), (1, 1, 6, 17, 3, 1, 1, 6), (6, 4, 7, 9, 3, 2, 1, 1)]:
+        c, o, h, w, k, s, pad, groups = shape
+        group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, "relu"))
+        config = SKETCH.default(group, target)
+        pads = [b.name for b in SKETCH.build(group, config, target).blocks() if b.name.endswith("_pad")]
+        assert len(pads) == (1 if two_stage_bytes == 0 else 2), pads
+        assert_computes(group, config, target)
