@@ -5,6 +5,7 @@ from __future__ import annotations
 from compiler.passes.cse import cse
 from compiler.passes.dce import dce
 from compiler.passes.decompose import decompose
+from compiler.passes.flatten_pointwise_conv import flatten_pointwise_conv
 from compiler.passes.fold_constants import fold_constants
 from compiler.passes.fold_conv_scale import fold_conv_scale
 from compiler.passes.pipeline import PassPipeline, default_pipeline, optimize
@@ -15,6 +16,7 @@ __all__ = [
     "dce",
     "decompose",
     "default_pipeline",
+    "flatten_pointwise_conv",
     "fold_constants",
     "fold_conv_scale",
     "optimize",

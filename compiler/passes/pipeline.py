@@ -31,12 +31,12 @@ class PassPipeline:
 
 
 def default_pipeline() -> PassPipeline:
-    from compiler.passes import cse, dce, decompose, fold_constants, fold_conv_scale
+    from compiler.passes import cse, dce, decompose, flatten_pointwise_conv, fold_constants, fold_conv_scale
 
-    return PassPipeline([decompose, fold_constants, fold_conv_scale, cse, dce])
+    return PassPipeline([decompose, fold_constants, fold_conv_scale, flatten_pointwise_conv, cse, dce])
 
 
 def optimize(graph: Graph) -> Graph:
     """The standard graph-level pipeline: decompose, fold constants, fold per-channel scales into
-    convolutions (BatchNorm), CSE, DCE."""
+    convolutions (BatchNorm), view 1x1 convolutions' images as one row of pixels, CSE, DCE."""
     return default_pipeline().run(graph)

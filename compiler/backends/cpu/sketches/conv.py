@@ -3,8 +3,9 @@ epilogue (folded BatchNorm bias, ReLU / ReLU6, residual), scheduled one of two w
 convolution (:meth:`CpuConvSketch.method`; the ``method`` knob has that one value, and the space holds that
 method's knobs only, so every config the tuner draws is a distinct schedule):
 
-``direct`` — a direct convolution vectorized along the output row (x), for windowed convolutions with a
-shallow reduction (depthwise convolutions, the first layer of a net with 3 input channels)::
+``direct`` — a direct convolution vectorized along the output row (x): first layers, depthwise
+convolutions, deep windows whose rows fit the vectors, and 1x1 convolutions whose image
+``passes/flatten_pointwise_conv`` viewed as one row of H*W pixels (see :meth:`CpuConvSketch.method`)::
 
     parallel for (n, o_o, y_o)
       for x_o                                    acc[oc_tile][ry][nr]: OC x RY x (NR/V) vector registers
@@ -17,7 +18,8 @@ shallow reduction (depthwise convolutions, the first layer of a net with 3 input
   weights of one tap are adjacent scalars (broadcast into FMAs); input and output keep the graph's NCHW
   layout, so the convolution chains with every other kernel without layout conversions. A row tail (the
   output width not a multiple of NR) runs whole vectors over the zero-padded input copy grown to cover
-  them (``Schedule.pad``); only the epilogue's stores are guarded.
+  them (``Schedule.pad``); only the epilogue's stores are guarded. The padded copy's two stages (rows,
+  then columns: ``te_ops._conv_pad``) run in vectors of the target's lanes.
 
 ``gemm`` — the contraction sketch's register-tiled GEMM view (M = output pixels, N = output channels,
 K = C/g x KH x KW) with the weights pre-packed at compile time and the input read in place (no packing
@@ -43,7 +45,7 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
 
-NR_X = (4, 8, 16, 32, 48, 64)
+NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 784 pixels)
 
 
 def conv_geometry(group: Group) -> dict[str, int]:
@@ -96,14 +98,24 @@ class CpuConvSketch(Sketch):
 
     # ------------------------------------------------------------------ space
     def method(self, group: Group, target: Target) -> str:
-        """The method for this convolution: ``direct`` for a windowed convolution with a shallow reduction
-        (C/g x KH x KW <= 64: a first layer, a depthwise convolution) or any grouped one, when some
-        register tile runs its rows; ``gemm`` otherwise (1x1 and deep convolutions)."""
+        """The method for this convolution, by rule (measured on the ONNX nets' convolutions):
+
+        - 1x1: ``direct`` when its image was flattened into one row (passes/flatten_pointwise_conv) that
+          whole vectors of the target's lanes tile, else ``gemm``;
+        - a deep dense window (C x KH x KW > 64): ``direct`` when its rows run whole vectors (the output
+          row a multiple of the lanes) or, with 32 vector registers, over the padded input copy; else
+          ``gemm`` (with 16 registers the direct tile holds 8-12 accumulators and lost to the GEMM view
+          on ResNet's 3x3 64->64 at 28x28, whose rows end in a part vector);
+        - a shallow or grouped window (a first layer, a depthwise convolution): ``direct`` when some
+          register tile runs its rows, else ``gemm``."""
         geo = conv_geometry(group)
         depth = geo["cg"] * geo["kh"] * geo["kw"]
-        if geo["kh"] * geo["kw"] == 1 or (depth > 64 and geo["groups"] == 1):
-            return "gemm"
+        whole = geo["ow"] % target.vector_lanes_f32 == 0
         rows_fit = geo["padded"] and geo["sw"] == 1
+        if geo["kh"] * geo["kw"] == 1:
+            return "direct" if geo["oh"] == 1 and whole and geo["sw"] == 1 else "gemm"
+        if depth > 64 and geo["groups"] == 1:
+            return "direct" if whole or (rows_fit and registers(target) >= 32) else "gemm"
         return "direct" if rows_fit or any(geo["ow"] % nr == 0 for nr in self._nr_values(geo)) else "gemm"
 
     @staticmethod
@@ -162,10 +174,10 @@ class CpuConvSketch(Sketch):
         FMAs per load (:meth:`_fmas_per_load`) x vector lanes, less the lanes wasted on tail tiles."""
         ow, budget = geo["ow"], registers(target) - 4
         tails_run = geo["padded"] and geo["sw"] == 1  # whole vectors over the padded copy
-        best, best_key = None, (-1.0, 0)
+        best, best_key = None, (False, -1.0, 0)
         for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
             for nr in self._nr_values(geo):
-                if nr % v or (ow % nr and not tails_run) or nr // v > 4:
+                if nr % v or (ow % nr and not tails_run) or nr // v > 7:
                     continue
                 for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4)):
                     nv = nr // v
@@ -173,7 +185,9 @@ class CpuConvSketch(Sketch):
                         continue
                     used = ow / (-(-ow // nr) * nr) * geo["oh"] / (-(-geo["oh"] // ry) * ry)
                     used *= geo["o"] / (-(-geo["o"] // oc) * oc)
-                    key = (self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
+                    # a channel tile that does not divide O guards its FMAs inside the reduction loop
+                    whole = geo["o"] % oc == 0 or oc > geo["o"]
+                    key = (whole, self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
                     if key > best_key:
                         best, best_key = (oc, ry, nr, v), key
         oc, ry, nr, v = best or (1, 1, min(self._nr_values(geo)), 1)
@@ -235,7 +249,7 @@ class CpuConvSketch(Sketch):
         sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
         for b in (mm, init, epi):
             self._vector_tile(sch, b, v, x_o)
-        self._schedule_pad(sch, config)
+        self._schedule_pad(sch, config, target)
         if config["parallel_x"] == "outer":
             fused = fuse_loops(sch, outer)
             if fused is not None and fused.extent > 1:
@@ -260,9 +274,12 @@ class CpuConvSketch(Sketch):
             sch.unroll(lp)
 
     @staticmethod
-    def _schedule_pad(sch: Schedule, config: Config) -> None:
-        """The zero-padded input copy: one pass, parallel over its outer axes when big enough, its rows
-        vectorized when they are long."""
+    def _schedule_pad(sch: Schedule, config: Config, target: Target) -> None:
+        """The zero-padded input copy (te_ops' two stages, rows then columns, or one): each stage one
+        pass, parallel over its outer axes when big enough; the column stage in vectors of the target's
+        lanes (its loads are in bounds, so its select vectorizes)."""
+        lanes = target.vector_lanes_f32
+        two_stage = any(b.name.endswith("_rows_pad") for b in sch.blocks())
         for b in sch.blocks():
             if not b.name.endswith("_pad"):
                 continue
@@ -270,6 +287,14 @@ class CpuConvSketch(Sketch):
             numel = math.prod(lp.extent for lp in loops)
             if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PARALLEL_MIN_WORK:
                 sch.parallel(fuse_loops(sch, loops[:-2]))
+            row = sch.get_loops(b)[-1]
+            if b.name.endswith("_rows_pad") or not two_stage:
+                # the rows stage is a row copy under a per-row condition (gcc vectorizes it as it is);
+                # a one-stage copy reads out of bounds at its corners and stays scalar
+                continue
+            if lanes > 1 and row.extent >= lanes:
+                _rest, vec = sch.split(row, [None, lanes])
+                sch.vectorize(vec)
 
 
 def registers(target: Target) -> int:

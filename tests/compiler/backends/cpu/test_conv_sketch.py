@@ -34,7 +34,9 @@ SETTINGS = settings(
 
 
 def conv_net(c: int, o: int, h: int, w: int, k: int, s: int, pad: int, groups: int, epilogue: str) -> Graph:
-    """conv2d (constant weight) + a per-channel bias + an activation (relu / relu6 / residual)."""
+    """conv2d (constant weight) + a per-channel bias + an activation (relu / relu6 / residual), then a 1x1
+    max pool (an identity, but not elementwise: the convolution's chain does not end in the graph output,
+    so passes/flatten_pointwise_conv flattens a 1x1 convolution as it would inside a net)."""
     rng = np.random.default_rng(1)
     b = GraphBuilder("conv")
     x = b.input("x", (1, c * groups, h, w))
@@ -47,7 +49,7 @@ def conv_net(c: int, o: int, h: int, w: int, k: int, s: int, pad: int, groups: i
         y = b.add(y, x)
     else:
         y = b.relu(y)
-    return b.build([y])
+    return b.build([b.max_pool2d(y, (1, 1))])
 
 
 def conv_group(graph: Graph) -> Group:
@@ -76,16 +78,50 @@ def assert_computes(group: Group, config: dict, target: Target) -> None:
     s=st.integers(1, 2),
     pad=st.integers(0, 1),
     depthwise=st.booleans(),
+    deep=st.booleans(),
     epilogue=st.sampled_from(["relu", "relu6", "residual"]),
     avx2=st.booleans(),
     data=st.data(),
 )
-def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthwise, epilogue, avx2, data):
+def test_every_legal_config_computes_the_reference(
+    c, o, h, w, k, s, pad, depthwise, deep, epilogue, avx2, data
+):
     groups = 1
     if depthwise:  # one input and one output channel per group
         groups, c, o = c + 1, 1, 1
+    elif deep and k == 3:  # C x KH x KW > 64: the deep-window rule
+        c = 8
     group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, epilogue))
     target = AVX2 if avx2 else AVX512
+    config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in SKETCH.space(group, target)}
+    try:
+        SKETCH.check(group, config, target)
+    except ScheduleError:
+        return  # rejected up front: allowed
+    assert_computes(group, config, target)
+
+
+@SETTINGS
+@given(
+    c=st.integers(1, 6),
+    o=st.sampled_from([1, 4, 7]),
+    hw=st.sampled_from([(4, 4), (2, 8), (4, 8), (8, 6), (7, 16), (3, 8)]),
+    epilogue=st.sampled_from(["relu", "relu6", "residual"]),
+    avx2=st.booleans(),
+    data=st.data(),
+)
+def test_every_legal_config_of_a_flattened_pointwise_conv_computes_the_reference(
+    c, o, hw, epilogue, avx2, data
+):
+    """A 1x1 convolution whose image passes/flatten_pointwise_conv viewed as one row: the direct method
+    when whole vectors of the target's lanes tile the row."""
+    if epilogue == "residual":
+        o = c
+    target = AVX2 if avx2 else AVX512
+    group = conv_group(conv_net(c, o, hw[0], hw[1], 1, 1, 0, 1, epilogue))
+    geo_row = hw[0] * hw[1]
+    expected = "direct" if geo_row % target.vector_lanes_f32 == 0 else "gemm"
+    assert SKETCH.method(group, target) == expected
     config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in SKETCH.space(group, target)}
     try:
         SKETCH.check(group, config, target)
@@ -101,9 +137,12 @@ def test_every_legal_config_computes_the_reference(c, o, h, w, k, s, pad, depthw
         (3, 32, 16, 16, 3, 1, 1, 1),  # first layer of a conv net: direct
         (1, 1, 14, 14, 3, 1, 1, 24),  # depthwise: direct
         (8, 8, 7, 7, 3, 1, 1, 1),  # 3x3 on a small image
-        (8, 24, 7, 7, 1, 1, 0, 1),  # 1x1: the GEMM view
+        (8, 24, 7, 7, 1, 1, 0, 1),  # 1x1 on 49 pixels: the GEMM view
+        (8, 24, 4, 8, 1, 1, 0, 1),  # 1x1 on 32 pixels: direct along the flattened image
         (4, 8, 9, 9, 3, 2, 0, 1),  # stride 2, unpadded
         (2, 4, 3, 3, 3, 1, 1, 1),  # a 3x3 image: row tiles narrower than the ISA's vectors
+        (8, 8, 6, 6, 3, 1, 1, 1),  # deep (72) on 6-pixel rows: direct over the padded copy / GEMM view
+        (8, 8, 4, 16, 3, 1, 1, 1),  # deep on 16-pixel rows: direct on both ISAs
     ],
 )
 def test_default_passes_its_check_and_computes(shape, target):
@@ -114,13 +153,21 @@ def test_default_passes_its_check_and_computes(shape, target):
     assert_computes(group, config, target)
 
 
-def test_default_method_follows_the_reduction_depth():
+def test_default_method_follows_the_rule():
     first = conv_group(conv_net(3, 32, 16, 16, 3, 1, 1, 1, "relu"))
     depthwise = conv_group(conv_net(1, 1, 14, 14, 3, 1, 1, 24, "relu"))
     pointwise = conv_group(conv_net(32, 32, 14, 14, 1, 1, 0, 1, "relu"))
     assert SKETCH.default(first, AVX512)["method"] == "direct"
     assert SKETCH.default(depthwise, AVX512)["method"] == "direct"
-    assert SKETCH.default(pointwise, AVX512)["method"] == "gemm"
+    assert SKETCH.default(pointwise, AVX512)["method"] == "gemm"  # 196 pixels: 16-lane vectors leave a tail
+    deep_28 = conv_group(conv_net(64, 64, 28, 28, 3, 1, 1, 1, "relu"))  # rows end in a part vector
+    deep_16 = conv_group(conv_net(32, 64, 16, 16, 3, 1, 1, 1, "relu"))  # rows of whole vectors
+    assert SKETCH.default(deep_28, AVX512)["method"] == "direct"
+    assert SKETCH.default(deep_28, AVX2)["method"] == "gemm"
+    assert SKETCH.default(deep_16, AVX2)["method"] == "direct"
+    flat = conv_group(conv_net(32, 32, 28, 28, 1, 1, 0, 1, "relu"))  # 784 pixels: 49 vectors
+    assert SKETCH.default(flat, AVX512)["method"] == "direct"
+    assert SKETCH.default(flat, AVX2)["method"] == "direct"
 
 
 def test_avx2_tiles_fit_sixteen_registers():
@@ -150,3 +197,17 @@ def test_an_oversized_direct_tile_is_rejected_with_its_size():
     config = {**SKETCH.default(group, AVX2), "oc_tile": 12, "ry": 4, "nr_x": 16, "vector_x": 8}
     with pytest.raises(ScheduleError, match="96 vector accumulators"):
         SKETCH.check(group, config, AVX2)
+
+
+@pytest.mark.parametrize("two_stage_bytes", [0, 1 << 20], ids=["one-stage pad", "two-stage pad"])
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+def test_both_padded_copies_compute_the_reference(two_stage_bytes, target, monkeypatch):
+    """te_ops._conv_pad: one select over the input (large copies) or rows then columns (vectorized)."""
+    monkeypatch.setattr("compiler.te_ops.TWO_STAGE_PAD_BYTES", two_stage_bytes)
+    for shape in [(3, 8, 5, 19, 3, 1, 1, 1), (1, 1, 6, 17, 3, 1, 1, 6), (6, 4, 7, 9, 3, 2, 1, 1)]:
+        c, o, h, w, k, s, pad, groups = shape
+        group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, "relu"))
+        config = SKETCH.default(group, target)
+        pads = [b.name for b in SKETCH.build(group, config, target).blocks() if b.name.endswith("_pad")]
+        assert len(pads) == (1 if two_stage_bytes == 0 else 2), pads
+        assert_computes(group, config, target)
