@@ -95,6 +95,24 @@ def fusion_edges(graph: Graph) -> list[FusionEdge]:
     return edges
 
 
+def horizontal_edges(graph: Graph, const: Callable[[Value], bool] | None = None) -> list[FusionEdge]:
+    """One edge per set of sibling GEMMs sharing their A operand (:mod:`compiler.horizontal`): fused, they
+    are one GEMM over concatenated weights. Producer/consumer are the first and last sibling; id
+    ``h<a>_<b>...``; the rules leave it off."""
+    from compiler.horizontal import sibling_sets
+
+    numbers = _canonical_numbers(graph)
+    return [
+        FusionEdge(s.id, s.matmuls[0], s.matmuls[-1], False, "horizontal")
+        for s in sibling_sets(graph, numbers, const)
+    ]
+
+
+def all_edges(graph: Graph) -> list[FusionEdge]:
+    """The producer -> consumer edges (:func:`fusion_edges`) and the horizontal ones."""
+    return fusion_edges(graph) + horizontal_edges(graph)
+
+
 def _edge_rule(p: Node, c: Node) -> str | None:
     pc, cc = category(p), category(c)
     if "const" in (pc, cc) or "opaque" in (pc, cc):
@@ -117,7 +135,7 @@ def _edge_rule(p: Node, c: Node) -> str | None:
 
 
 def default_plan(graph: Graph) -> FusionPlan:
-    return {e.id: e.default for e in fusion_edges(graph)}
+    return {e.id: e.default for e in all_edges(graph)}
 
 
 # ------------------------------------------------------------------ groups
@@ -209,6 +227,13 @@ class FusedGraph:
     edges: list[FusionEdge]
     decisions: FusionPlan
     rejected: dict[str, str]  # edge id -> why the merge was not possible
+    # id of a node of ``graph`` -> the node of the graph given to fuse() it stands for, when a horizontal
+    # edge rewrote the graph (``graph`` is then the rewritten one); empty otherwise
+    origin: dict[int, Node] = field(default_factory=dict)
+
+    def source(self, node: Node) -> Node:
+        """The node of the graph given to :func:`fuse` that ``node`` (a node of a group) stands for."""
+        return self.origin.get(id(node), node)
 
     def group_of(self, value: Value) -> Group | None:
         for g in self.groups:
@@ -317,7 +342,8 @@ def _downstream(starts: list[Node], nodes: list[Node], inside: set[int]) -> list
 def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
     """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults."""
     edges = fusion_edges(graph)
-    decisions = {e.id: e.default for e in edges}
+    horizontal = horizontal_edges(graph)
+    decisions = {e.id: e.default for e in edges + horizontal}
     if plan:
         unknown = sorted(set(plan) - set(decisions))
         if unknown:
@@ -326,6 +352,39 @@ def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
                 f"(it has {len(decisions)} edges: {', '.join(sorted(decisions))})"
             )
         decisions.update(plan)
+    if any(decisions[e.id] for e in horizontal):
+        return _fuse_horizontal(graph, edges + horizontal, decisions)
+    groups, rejected = _fuse_edges(graph, edges, decisions)
+    return FusedGraph(graph, groups, edges + horizontal, decisions, rejected)
+
+
+def _fuse_horizontal(graph: Graph, edges: list[FusionEdge], decisions: FusionPlan) -> FusedGraph:
+    """Merge the sibling sets the plan turns on (a rewritten graph), then fuse it with the plan's
+    producer -> consumer decisions carried over to the rewritten graph's edges."""
+    from compiler.horizontal import merge_siblings, sibling_sets
+
+    numbers = _canonical_numbers(graph)
+    sets = [s for s in sibling_sets(graph, numbers) if decisions[s.id]]
+    merged, origin = merge_siblings(graph, sets)
+    new_edges = fusion_edges(merged)
+    new_decisions: FusionPlan = {}
+    to_old: dict[str, str] = {}
+    for e in new_edges:
+        p, c = origin.get(id(e.producer)), origin.get(id(e.consumer))
+        old = f"e{numbers[id(p)]}_{numbers[id(c)]}" if p is not None and c is not None else None
+        if old is not None and old in decisions:
+            new_decisions[e.id] = decisions[old]
+            to_old[e.id] = old
+        else:
+            new_decisions[e.id] = e.default
+    groups, rejected = _fuse_edges(merged, new_edges, new_decisions)
+    rejected = {to_old.get(k, k): v for k, v in rejected.items()}
+    return FusedGraph(merged, groups, edges, decisions, rejected, origin)
+
+
+def _fuse_edges(
+    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan
+) -> tuple[list[Group], dict[str, str]]:
     position = {id(n): k for k, n in enumerate(graph.nodes)}
     nodes = [n for n in graph.nodes if n.op != "constant"]
     part = _Partition(nodes)
@@ -344,8 +403,7 @@ def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
             rejected[e.id] = problem
             continue
         part.merge(gp, gc)
-    groups = _build_groups(graph, part, position)
-    return FusedGraph(graph, groups, edges, decisions, rejected)
+    return _build_groups(graph, part, position), rejected
 
 
 def _build_groups(graph: Graph, part: _Partition, position: dict[int, int]) -> list[Group]:
@@ -549,7 +607,7 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
     Edges that only bring a broadcast/layout of a weight into its consumer stay fused (the unfused form is
     a copy of the weight, never faster), and so do edges whose flip changes nothing (a merge the rules
     reject for a cycle or an illegal group either way)."""
-    edges = fusion_edges(graph)
+    edges = all_edges(graph)
     rule = {e.id: e.default for e in edges}
     base = _partition(fuse(graph))
     optional: list[FusionEdge] = []
@@ -578,7 +636,9 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
         if not mine:
             continue
         sub, copies, const = _region_subgraph(graph, members)
-        sub_edges = {(id(e.producer), id(e.consumer)): e.id for e in fusion_edges(sub)}
+        const_values = {v for v, c in zip(sub.inputs, const) if c}
+        sub_all = fusion_edges(sub) + horizontal_edges(sub, const_values.__contains__)
+        sub_edges = {(id(e.producer), id(e.consumer)): e.id for e in sub_all}
         local_ids = {e.id: sub_edges[(id(copies[id(e.producer)]), id(copies[id(e.consumer)]))] for e in mine}
         data = {
             "v": REGION_VERSION,

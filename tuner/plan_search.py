@@ -85,7 +85,7 @@ def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[
     """The groups holding the region's nodes when the region follows ``local_plan`` (other edges: rules)."""
     fused = fuse(graph, region.to_global(local_plan))
     mine = {id(n) for n in region.nodes}
-    return [g for g in fused.groups if any(id(n) in mine for n in g.nodes)]
+    return [g for g in fused.groups if any(id(fused.source(n)) in mine for n in g.nodes)]
 
 
 def _same_anchor(group: Group, anchor: Any) -> bool:
