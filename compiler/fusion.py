@@ -108,9 +108,22 @@ def horizontal_edges(graph: Graph, const: Callable[[Value], bool] | None = None)
     ]
 
 
+def recompute_edges(graph: Graph) -> list[FusionEdge]:
+    """One edge per cheap producer read by several nodes (:mod:`compiler.recompute`): on, every reader after
+    the first gets its own copy of it. Producer = the node, consumer = its last reader; id ``r<p>``; the
+    rules leave it off."""
+    from compiler.recompute import recompute_candidates
+
+    numbers = _canonical_numbers(graph)
+    return [
+        FusionEdge(f"r{numbers[id(p)]}", p, readers[-1], False, "recompute")
+        for p, readers in recompute_candidates(graph, numbers)
+    ]
+
+
 def all_edges(graph: Graph) -> list[FusionEdge]:
-    """The producer -> consumer edges (:func:`fusion_edges`) and the horizontal ones."""
-    return fusion_edges(graph) + horizontal_edges(graph)
+    """The producer -> consumer edges (:func:`fusion_edges`), the horizontal and the recompute ones."""
+    return fusion_edges(graph) + horizontal_edges(graph) + recompute_edges(graph)
 
 
 def _edge_rule(p: Node, c: Node) -> str | None:
@@ -342,8 +355,8 @@ def _downstream(starts: list[Node], nodes: list[Node], inside: set[int]) -> list
 def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
     """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults."""
     edges = fusion_edges(graph)
-    horizontal = horizontal_edges(graph)
-    decisions = {e.id: e.default for e in edges + horizontal}
+    rewrites = horizontal_edges(graph) + recompute_edges(graph)
+    decisions = {e.id: e.default for e in edges + rewrites}
     if plan:
         unknown = sorted(set(plan) - set(decisions))
         if unknown:
@@ -352,26 +365,36 @@ def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
                 f"(it has {len(decisions)} edges: {', '.join(sorted(decisions))})"
             )
         decisions.update(plan)
-    if any(decisions[e.id] for e in horizontal):
-        return _fuse_horizontal(graph, edges + horizontal, decisions)
+    on = [e for e in rewrites if decisions[e.id]]
+    if on:
+        return _fuse_rewritten(graph, edges + rewrites, decisions, on)
     groups, rejected = _fuse_edges(graph, edges, decisions)
-    return FusedGraph(graph, groups, edges + horizontal, decisions, rejected)
+    return FusedGraph(graph, groups, edges + rewrites, decisions, rejected)
 
 
-def _fuse_horizontal(graph: Graph, edges: list[FusionEdge], decisions: FusionPlan) -> FusedGraph:
-    """Merge the sibling sets the plan turns on (a rewritten graph), then fuse it with the plan's
-    producer -> consumer decisions carried over to the rewritten graph's edges."""
-    from compiler.horizontal import merge_siblings, sibling_sets
+def _fuse_rewritten(
+    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan, on: list[FusionEdge]
+) -> FusedGraph:
+    """Rewrite the graph as the plan's horizontal and recompute edges ask (:mod:`compiler.plan_rewrite`),
+    then fuse it with the plan's producer -> consumer decisions carried over to the new graph's edges (a
+    producer's copy takes the decision of the producer's edge to the same consumer)."""
+    from compiler.horizontal import sibling_sets
+    from compiler.plan_rewrite import rewrite_for_plan
 
     numbers = _canonical_numbers(graph)
-    sets = [s for s in sibling_sets(graph, numbers) if decisions[s.id]]
-    merged, origin = merge_siblings(graph, sets)
-    new_edges = fusion_edges(merged)
+    wanted = {e.id for e in on}
+    sets = [s for s in sibling_sets(graph, numbers) if s.id in wanted]
+    recompute = [e.producer for e in on if e.rule == "recompute"]
+    merged, origin, copies = rewrite_for_plan(graph, sets, recompute)
+    # a copy joins its reader first (else its producer's chain could pull it back into the first reader's
+    # group, which would then write the copy out: materialized again)
+    new_edges = sorted(fusion_edges(merged), key=lambda e: id(e.producer) not in copies)
     new_decisions: FusionPlan = {}
     to_old: dict[str, str] = {}
     for e in new_edges:
         p, c = origin.get(id(e.producer)), origin.get(id(e.consumer))
-        old = f"e{numbers[id(p)]}_{numbers[id(c)]}" if p is not None and c is not None else None
+        known = p is not None and c is not None and id(p) in numbers and id(c) in numbers
+        old = f"e{numbers[id(p)]}_{numbers[id(c)]}" if known else None
         if old is not None and old in decisions:
             new_decisions[e.id] = decisions[old]
             to_old[e.id] = old
@@ -595,8 +618,14 @@ def _region_subgraph(graph: Graph, members: list[Node]) -> tuple[Graph, dict[int
     return b.build([mapping[v] for v in outputs]), copies, tuple(v.kind == "param" for v in inputs)
 
 
+def _edge_kind(e: FusionEdge) -> str:
+    """A recompute edge can join the same two nodes as a producer -> consumer edge."""
+    return e.rule if e.rule in ("horizontal", "recompute") else "edge"
+
+
 def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
-    return frozenset(frozenset(id(n) for n in g.nodes) for g in fused.groups)
+    """The groups as sets of the given graph's nodes (a copy or a merged node counts as its origin)."""
+    return frozenset(frozenset(id(fused.source(n)) for n in g.nodes) for g in fused.groups)
 
 
 def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> list[Region]:
@@ -637,9 +666,18 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
             continue
         sub, copies, const = _region_subgraph(graph, members)
         const_values = {v for v, c in zip(sub.inputs, const) if c}
-        sub_all = fusion_edges(sub) + horizontal_edges(sub, const_values.__contains__)
-        sub_edges = {(id(e.producer), id(e.consumer)): e.id for e in sub_all}
-        local_ids = {e.id: sub_edges[(id(copies[id(e.producer)]), id(copies[id(e.consumer)]))] for e in mine}
+        sub_all = fusion_edges(sub) + horizontal_edges(sub, const_values.__contains__) + recompute_edges(sub)
+        sub_edges = {(_edge_kind(e), id(e.producer), id(e.consumer)): e.id for e in sub_all}
+        local_ids = {}
+        for e in list(mine):
+            local = sub_edges.get((_edge_kind(e), id(copies[id(e.producer)]), id(copies[id(e.consumer)])))
+            if local is None:  # a producer also read outside the region: the region alone cannot decide it
+                fixed[e.id] = "it reaches outside its region"
+                mine.remove(e)
+            else:
+                local_ids[e.id] = local
+        if not mine:
+            continue
         data = {
             "v": REGION_VERSION,
             "graph": sub.canonical(),

@@ -6,8 +6,8 @@ the same A, model-constant weights of the same K and the same transpose flags. M
 concatenated at compile time into new params — followed by one ``slice`` per sibling along the output's
 last axis. A slice is a layout op, so each one fuses as a strided view into its consumer's prologue
 (Q/K/V's reshape/transpose into the attention ``batch_matmul``) or into its consumer's elementwise group:
-the three outputs are never copied out of the merged buffer. Both backends compile the rewritten graph as
-they compile any other, so the decision is a graph rewrite, not a sketch.
+the three outputs are never copied out of the merged buffer. Both backends compile the rewritten graph
+(:func:`compiler.plan_rewrite.rewrite_for_plan`) as they compile any other: a graph rewrite, not a sketch.
 
 A sibling set is a :class:`compiler.fusion.FusionEdge` with rule ``horizontal`` and id ``h<a>_<b>[_<c>...]``
 (the canonical numbers of its matmuls): the fusion plan turns it on or off like any other edge. The rules
@@ -19,9 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
-from compiler.builder import GraphBuilder
 from compiler.graph import Graph, Node, Value
 
 
@@ -90,68 +87,3 @@ def sibling_sets(
         ident = "h" + "_".join(str(numbers[id(n)]) for n in mms)
         sets.append(SiblingSet(ident, tuple(mms), tuple(adds), tuple(biases)))
     return sets
-
-
-def merge_siblings(graph: Graph, sets: list[SiblingSet]) -> tuple[Graph, dict[int, Node]]:
-    """``graph`` with each sibling set merged into one GEMM (+ one bias add) and a slice per sibling.
-
-    Returns the new graph and its origin map: id of each node of the new graph -> the node of ``graph``
-    it copies or stands for (the merged matmul/add -> the first sibling's; sibling i's slice -> sibling i's
-    last merged node). The input graph is left untouched; weights must be params with data."""
-    b = GraphBuilder(graph.name)
-    mapping: dict[Value, Value] = {}
-    origin: dict[int, Node] = {}
-    for v in graph.inputs:
-        mapping[v] = b.input(v.name or "input", v.shape, v.dtype)
-    for p in graph.params:
-        mapping[p] = b.param(p.name or "param", p.data)  # type: ignore[arg-type]
-    first = {id(s.matmuls[0]): s for s in sets}
-    replaced = {id(n) for s in sets for n in (*s.matmuls, *s.adds)}
-
-    def node(op: str, inputs: list[Value], attrs: dict, name: str | None, src: Node) -> Value:
-        out = b.add_node(op, inputs, attrs, name)
-        origin[id(out.producer)] = src
-        return out
-
-    for n in graph.nodes:
-        s = first.get(id(n))
-        if s is not None:
-            _emit_merged(b, s, mapping, node)
-            continue
-        if id(n) in replaced:
-            continue
-        mapping[n.output] = node(n.op, [mapping[v] for v in n.inputs], n.attrs, n.name, n)
-    merged = b.build([mapping[v] for v in graph.outputs], validate=False)
-    from compiler.passes.dce import dce  # the siblings' bias broadcasts are left without a reader
-
-    out = dce(merged)
-    live = {id(n) for n in out.nodes}
-    return out.validate(), {k: v for k, v in origin.items() if k in live}
-
-
-def _emit_merged(b: GraphBuilder, s: SiblingSet, mapping: dict[Value, Value], node: Callable) -> None:
-    mm0 = s.matmuls[0]
-    axis = 0 if mm0.attrs["transpose_b"] else 1
-    weights = [m.inputs[1].data for m in s.matmuls]
-    if any(w is None for w in weights):
-        raise ValueError(f"horizontal fusion {s.id}: a sibling's weight has no data")
-    w = b.param(f"{mm0.name}.hcat_weight", np.concatenate(weights, axis=axis))
-    out = node("matmul", [mapping[mm0.inputs[0]], w], mm0.attrs, f"{mm0.name}_h", mm0)
-    if s.adds:
-        bias = b.param(f"{mm0.name}.hcat_bias", np.concatenate([v.data for v in s.biases]))
-        add0 = s.adds[0]
-        other = next((v.producer for v in add0.inputs if v is not mm0.output and v.producer), None)
-        wide = node("broadcast_to", [bias], {"shape": out.shape}, None, other or add0)
-        out = node("add", [out, wide], {}, f"{s.adds[0].name}_h", s.adds[0])
-    start = 0
-    rank = len(out.shape)
-    for i, mm in enumerate(s.matmuls):
-        n_i = mm.output.shape[-1]
-        tail = s.adds[i] if s.adds else mm
-        attrs = {
-            "starts": (0,) * (rank - 1) + (start,),
-            "sizes": tuple(mm.output.shape),
-            "steps": (1,) * rank,
-        }
-        mapping[tail.output] = node("slice", [out], attrs, f"{tail.name}_part", tail)
-        start += n_i

@@ -142,7 +142,8 @@ def test_regions_partition_the_graph_and_groups_stay_inside_one_region():
     g = optimize(get_model("encoder_layer"))
     found = regions(g)
     # the Q/K/V horizontal edge joins the attention's regions and the output projection/FFN's one
-    assert [len(r.edges) for r in found] == [44, 4]
+    # (44 edges, 3 of them recompute)
+    assert [len(r.edges) for r in found] == [47, 4]
     seen = [id(n) for r in found for n in r.nodes]
     assert len(seen) == len(set(seen))
     owner = {id(n): r.index for r in found for n in r.nodes}

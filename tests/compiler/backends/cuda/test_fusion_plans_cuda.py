@@ -78,3 +78,20 @@ def test_horizontal_qkv_plan_compiles_with_nvcc(tmp_path):
     funcs = [kernel_for(grp, CUDA, name=f"h_{grp.name}").func for grp in groups]
     resources = compile_units([generate_cuda(funcs, CUDA)], tmp_path)
     assert {f"h_{grp.name}" for grp in groups} <= set(resources)
+
+
+def test_recompute_plans_run_in_the_simt_interpreter():
+    """Recompute edges are a graph rewrite too: the copied producer's groups compute the reference on CUDA
+    (or the plan is one the CUDA search skips, with the reason)."""
+    from compiler.fusion import all_edges
+    from tests.compiler.test_recompute import two_row_spaces
+
+    for g in (two_row_spaces(), small_model("attention")):
+        for e in [e for e in all_edges(g) if e.rule == "recompute"]:
+            problem = plan_problem(g, {e.id: True}, CUDA)
+            if problem is not None:
+                assert "no sketch schedules group" in problem
+                continue
+            for group in fuse(g, {e.id: True}).groups:
+                if not group.is_view:
+                    check_group(group)
