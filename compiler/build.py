@@ -148,7 +148,8 @@ def plan_model(
         kernel = kernel_for(group, target)
         kernel.record = info
         kernels.append(kernel)
-    return ModelPlan(g, fused, target, kernels, views)
+    # fused.graph: the graph the groups belong to (rewritten when the plan merges sibling GEMMs)
+    return ModelPlan(fused.graph, fused, target, kernels, views)
 
 
 def compile(

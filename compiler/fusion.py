@@ -95,6 +95,37 @@ def fusion_edges(graph: Graph) -> list[FusionEdge]:
     return edges
 
 
+def horizontal_edges(graph: Graph, const: Callable[[Value], bool] | None = None) -> list[FusionEdge]:
+    """One edge per set of sibling GEMMs sharing their A operand (:mod:`compiler.horizontal`): fused, they
+    are one GEMM over concatenated weights. Producer/consumer are the first and last sibling; id
+    ``h<a>_<b>...``; the rules leave it off."""
+    from compiler.horizontal import sibling_sets
+
+    numbers = _canonical_numbers(graph)
+    return [
+        FusionEdge(s.id, s.matmuls[0], s.matmuls[-1], False, "horizontal")
+        for s in sibling_sets(graph, numbers, const)
+    ]
+
+
+def recompute_edges(graph: Graph) -> list[FusionEdge]:
+    """One edge per cheap producer read by several nodes (:mod:`compiler.recompute`): on, every reader after
+    the first gets its own copy of it. Producer = the node, consumer = its last reader; id ``r<p>``; the
+    rules leave it off."""
+    from compiler.recompute import recompute_candidates
+
+    numbers = _canonical_numbers(graph)
+    return [
+        FusionEdge(f"r{numbers[id(p)]}", p, readers[-1], False, "recompute")
+        for p, readers in recompute_candidates(graph, numbers)
+    ]
+
+
+def all_edges(graph: Graph) -> list[FusionEdge]:
+    """The producer -> consumer edges (:func:`fusion_edges`), the horizontal and the recompute ones."""
+    return fusion_edges(graph) + horizontal_edges(graph) + recompute_edges(graph)
+
+
 def _edge_rule(p: Node, c: Node) -> str | None:
     pc, cc = category(p), category(c)
     if "const" in (pc, cc) or "opaque" in (pc, cc):
@@ -117,7 +148,7 @@ def _edge_rule(p: Node, c: Node) -> str | None:
 
 
 def default_plan(graph: Graph) -> FusionPlan:
-    return {e.id: e.default for e in fusion_edges(graph)}
+    return {e.id: e.default for e in all_edges(graph)}
 
 
 # ------------------------------------------------------------------ groups
@@ -209,6 +240,13 @@ class FusedGraph:
     edges: list[FusionEdge]
     decisions: FusionPlan
     rejected: dict[str, str]  # edge id -> why the merge was not possible
+    # id of a node of ``graph`` -> the node of the graph given to fuse() it stands for, when a horizontal
+    # edge rewrote the graph (``graph`` is then the rewritten one); empty otherwise
+    origin: dict[int, Node] = field(default_factory=dict)
+
+    def source(self, node: Node) -> Node:
+        """The node of the graph given to :func:`fuse` that ``node`` (a node of a group) stands for."""
+        return self.origin.get(id(node), node)
 
     def group_of(self, value: Value) -> Group | None:
         for g in self.groups:
@@ -317,7 +355,8 @@ def _downstream(starts: list[Node], nodes: list[Node], inside: set[int]) -> list
 def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
     """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults."""
     edges = fusion_edges(graph)
-    decisions = {e.id: e.default for e in edges}
+    rewrites = horizontal_edges(graph) + recompute_edges(graph)
+    decisions = {e.id: e.default for e in edges + rewrites}
     if plan:
         unknown = sorted(set(plan) - set(decisions))
         if unknown:
@@ -326,6 +365,49 @@ def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
                 f"(it has {len(decisions)} edges: {', '.join(sorted(decisions))})"
             )
         decisions.update(plan)
+    on = [e for e in rewrites if decisions[e.id]]
+    if on:
+        return _fuse_rewritten(graph, edges + rewrites, decisions, on)
+    groups, rejected = _fuse_edges(graph, edges, decisions)
+    return FusedGraph(graph, groups, edges + rewrites, decisions, rejected)
+
+
+def _fuse_rewritten(
+    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan, on: list[FusionEdge]
+) -> FusedGraph:
+    """Rewrite the graph as the plan's horizontal and recompute edges ask (:mod:`compiler.plan_rewrite`),
+    then fuse it with the plan's producer -> consumer decisions carried over to the new graph's edges (a
+    producer's copy takes the decision of the producer's edge to the same consumer)."""
+    from compiler.horizontal import sibling_sets
+    from compiler.plan_rewrite import rewrite_for_plan
+
+    numbers = _canonical_numbers(graph)
+    wanted = {e.id for e in on}
+    sets = [s for s in sibling_sets(graph, numbers) if s.id in wanted]
+    recompute = [e.producer for e in on if e.rule == "recompute"]
+    merged, origin, copies = rewrite_for_plan(graph, sets, recompute)
+    # a copy joins its reader first (else its producer's chain could pull it back into the first reader's
+    # group, which would then write the copy out: materialized again)
+    new_edges = sorted(fusion_edges(merged), key=lambda e: id(e.producer) not in copies)
+    new_decisions: FusionPlan = {}
+    to_old: dict[str, str] = {}
+    for e in new_edges:
+        p, c = origin.get(id(e.producer)), origin.get(id(e.consumer))
+        known = p is not None and c is not None and id(p) in numbers and id(c) in numbers
+        old = f"e{numbers[id(p)]}_{numbers[id(c)]}" if known else None
+        if old is not None and old in decisions:
+            new_decisions[e.id] = decisions[old]
+            to_old[e.id] = old
+        else:
+            new_decisions[e.id] = e.default
+    groups, rejected = _fuse_edges(merged, new_edges, new_decisions)
+    rejected = {to_old.get(k, k): v for k, v in rejected.items()}
+    return FusedGraph(merged, groups, edges, decisions, rejected, origin)
+
+
+def _fuse_edges(
+    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan
+) -> tuple[list[Group], dict[str, str]]:
     position = {id(n): k for k, n in enumerate(graph.nodes)}
     nodes = [n for n in graph.nodes if n.op != "constant"]
     part = _Partition(nodes)
@@ -344,8 +426,7 @@ def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
             rejected[e.id] = problem
             continue
         part.merge(gp, gc)
-    groups = _build_groups(graph, part, position)
-    return FusedGraph(graph, groups, edges, decisions, rejected)
+    return _build_groups(graph, part, position), rejected
 
 
 def _build_groups(graph: Graph, part: _Partition, position: dict[int, int]) -> list[Group]:
@@ -537,8 +618,14 @@ def _region_subgraph(graph: Graph, members: list[Node]) -> tuple[Graph, dict[int
     return b.build([mapping[v] for v in outputs]), copies, tuple(v.kind == "param" for v in inputs)
 
 
+def _edge_kind(e: FusionEdge) -> str:
+    """A recompute edge can join the same two nodes as a producer -> consumer edge."""
+    return e.rule if e.rule in ("horizontal", "recompute") else "edge"
+
+
 def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
-    return frozenset(frozenset(id(n) for n in g.nodes) for g in fused.groups)
+    """The groups as sets of the given graph's nodes (a copy or a merged node counts as its origin)."""
+    return frozenset(frozenset(id(fused.source(n)) for n in g.nodes) for g in fused.groups)
 
 
 def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> list[Region]:
@@ -549,7 +636,7 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
     Edges that only bring a broadcast/layout of a weight into its consumer stay fused (the unfused form is
     a copy of the weight, never faster), and so do edges whose flip changes nothing (a merge the rules
     reject for a cycle or an illegal group either way)."""
-    edges = fusion_edges(graph)
+    edges = all_edges(graph)
     rule = {e.id: e.default for e in edges}
     base = _partition(fuse(graph))
     optional: list[FusionEdge] = []
@@ -578,8 +665,19 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
         if not mine:
             continue
         sub, copies, const = _region_subgraph(graph, members)
-        sub_edges = {(id(e.producer), id(e.consumer)): e.id for e in fusion_edges(sub)}
-        local_ids = {e.id: sub_edges[(id(copies[id(e.producer)]), id(copies[id(e.consumer)]))] for e in mine}
+        const_values = {v for v, c in zip(sub.inputs, const) if c}
+        sub_all = fusion_edges(sub) + horizontal_edges(sub, const_values.__contains__) + recompute_edges(sub)
+        sub_edges = {(_edge_kind(e), id(e.producer), id(e.consumer)): e.id for e in sub_all}
+        local_ids = {}
+        for e in list(mine):
+            local = sub_edges.get((_edge_kind(e), id(copies[id(e.producer)]), id(copies[id(e.consumer)])))
+            if local is None:  # a producer also read outside the region: the region alone cannot decide it
+                fixed[e.id] = "it reaches outside its region"
+                mine.remove(e)
+            else:
+                local_ids[e.id] = local
+        if not mine:
+            continue
         data = {
             "v": REGION_VERSION,
             "graph": sub.canonical(),

@@ -15,10 +15,11 @@ producer); ``scripts/bench_fusion.py`` checks the sum-of-kernels ranking against
 
 Search order (:class:`PlanSearch`): the rules' plan first, then every single-edge flip ranked by the cost
 model's estimate (the analytic roofline of each unmeasured group's default schedule, scaled by the
-measured groups), then Optuna (TPE, one categorical per edge) asks a few plans per round and the estimate
-picks the one to measure. ``PlanSearch`` has the interface the :class:`~tuner.scheduler.TaskScheduler`
-uses (``task.weight``, ``task.name``, ``state``, ``step(batch)``), so one budget is shared between the
-schedule tasks and the plan search.
+measured groups; horizontal edges first, which the estimate cannot rank), then Optuna (TPE, one
+categorical per edge) asks a few plans per round and the estimate picks the one to measure.
+``PlanSearch`` has the interface the :class:`~tuner.scheduler.TaskScheduler` uses (``task.weight``,
+``task.name``, ``state``, ``step(batch)``), so one budget is shared between the schedule tasks and the
+plan search.
 
 Records: the best plan of a region on a target is stored (``kiln_fusion_plans``) with its latency and the
 rules' plan's latency, region-local edge ids. :func:`database_plan` is what compile uses: it applies a
@@ -85,7 +86,7 @@ def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[
     """The groups holding the region's nodes when the region follows ``local_plan`` (other edges: rules)."""
     fused = fuse(graph, region.to_global(local_plan))
     mine = {id(n) for n in region.nodes}
-    return [g for g in fused.groups if any(id(n) in mine for n in g.nodes)]
+    return [g for g in fused.groups if any(id(fused.source(n)) in mine for n in g.nodes)]
 
 
 def _same_anchor(group: Group, anchor: Any) -> bool:
@@ -241,9 +242,13 @@ class PlanSearch:
         return self.estimator.estimate(result.tasks, self.best_us)
 
     def _queue_flips(self) -> None:
-        """Every single-edge flip of the rules' plan, best estimate first."""
+        """Every single-edge flip of the rules' plan, best estimate first; horizontal edges (sibling GEMMs
+        merged) go first whatever their estimate: the roofline of each group's default schedule does not see
+        what merging buys (the shared operand read and packed once, fewer launches), so the estimate would
+        rank them last and a small budget would never measure them."""
+        horizontal = {self.region.local_ids[e.id] for e in self.region.edges if e.rule == "horizontal"}
         flips = [{**self.rule, k: not v} for k, v in self.rule.items()]
-        flips.sort(key=self._estimate)
+        flips.sort(key=lambda p: (not any(p[k] != self.rule[k] for k in horizontal), self._estimate(p)))
         self.queue += flips
         self.flips_queued = True
 

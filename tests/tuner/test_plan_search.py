@@ -5,6 +5,8 @@ simulated (tuner.measure.sim): no timing is involved."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,20 @@ def test_plans_on_the_command_line(url):
     assert "3 groups" in shown.stdout
     plain = kiln("show", "--model", "mlp", "--stage", "groups")
     assert "2 groups" in plain.stdout
+
+
+def test_search_merges_qkv_when_it_wins_and_compile_applies_it(url):
+    """On a landscape where every contraction costs the same (one merged GEMM < three), the search measures
+    the horizontal Q/K/V edge first among the flips, stores a plan with it, and compile applies it: the
+    model runs one projection GEMM over the concatenated weights and computes the reference."""
+    graph = MODELS["attention"].build(seq=4, d=8, heads=2)
+    target = Target.host()
+    summary = tune(graph, target, url, 160, measurer=simulated(), time_model=False, fusion="search")
+    (found,) = summary.plans
+    assert "h0_5_20" in found.flipped and found.latency_us < found.rule_latency_us
+    with TuningDatabase.open(url) as db:
+        model = _compile_checked(graph, db)
+    assert [line["status"] for line in model.meta["fusion_plans"]] == ["applied"]
+    projections = [k for k in model.kernels if re.fullmatch(r"g\d+_matmul", k.name)]
+    assert len(projections) == 2  # Q/K/V merged + the output projection
+    assert len(model.kernels) == len(kiln_compile(graph, target).kernels) - 2
