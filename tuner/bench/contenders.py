@@ -6,7 +6,7 @@ eager``, ``torch.compile``. CUDA: ``kiln``, ``kiln tuned``, ``torch eager``, ``t
 package is not installed are reported as unavailable, with the package to install.
 
 Every contender states in :attr:`Contender.note` what it does about threads and output buffers; the report
-prints those notes. On the CPU every contender gets the same ``threads``: Kiln's OpenMP threads,
+prints those notes. On the CPU every contender gets the same ``threads``: Kiln's thread-pool threads,
 onnxruntime's intra-op threads, ``torch.set_num_threads``, and numpy's BLAS through threadpoolctl (numpy's
 elementwise code is single-threaded whatever the setting: the note says so).
 """
@@ -107,7 +107,7 @@ class KilnContender(Contender):
         self.name = name or ("kiln tuned" if tuned else "kiln default")
         schedules = "best tuning records of --db" if tuned else "default schedules"
         if name is None or not name.startswith("kiln") or name in ("kiln default", "kiln tuned"):
-            how = "OpenMP with the run's threads"
+            how = "Kiln's thread pool with the run's threads"
         else:
             how = "inputs on the device" + (", one CUDA Graph replay per call" if cuda_graph else "")
         self.note = f"{schedules}; {how}; outputs in the model's own preallocated buffers"

@@ -165,7 +165,7 @@ def markdown(run: BenchRun, command: str | None = None) -> str:
         f"Method: every contender's outputs were checked against the numpy reference first (max|err| / "
         f"max(1, max|ref|) <= 1e-3); then all were timed in {s.get('rounds')} interleaved rounds, the order "
         f"rotated every round, each round {s.get('min_time')} s of back-to-back calls per contender "
-        f"(OMP_WAIT_POLICY={s.get('omp_wait_policy')}: idle OpenMP threads sleep). Figures "
+        f"(OMP_WAIT_POLICY={s.get('omp_wait_policy')}: idle OpenMP threads, e.g. torch's, sleep). Figures "
         "are the median of the round medians in microseconds, ± half the interquartile range of the round "
         "medians. FLOPs and bytes come from the graph.",
     ]

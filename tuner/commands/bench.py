@@ -158,8 +158,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from tuner.bench.suite import resolve_suite
     from tuner.bench.timing import slowdown_from_env
 
-    # Idle OpenMP threads of one contender (Kiln's libgomp, torch's) must not spin on the cores the next
-    # contender needs: every runtime is asked to sleep at once (read when each runtime starts).
+    # Idle OpenMP threads of one contender (torch's; Kiln's thread pool sleeps by itself) must not spin on
+    # the cores the next contender needs: every runtime is asked to sleep at once (read when it starts).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     suite = resolve_suite(args.suite)
     slowdown = slowdown_from_env()

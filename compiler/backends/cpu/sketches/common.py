@@ -1,4 +1,4 @@
-"""What the CPU sketches share: when running a nest in parallel (OpenMP) pays off, and when streaming
+"""What the CPU sketches share: when running a nest in parallel (the thread pool) pays off, and when streaming
 (non-temporal) stores of a kernel's outputs do."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from compiler.dtypes import to_numpy
 from compiler.fusion import Group
 from compiler.target import Target
 
-# Below this much work (elements touched, or flops / 8 for contractions) an OpenMP fork/join costs more
+# Below this much work (elements touched, or flops / 8 for contractions) a parallel fork/join costs more
 # than it saves, and on a loaded machine a spinning thread pool can cost milliseconds: stay serial.
 PARALLEL_MIN_WORK = 1 << 16
 

@@ -17,7 +17,7 @@ from compiler.target import Target
 
 
 class CpuGenericSketch(Sketch):
-    """Opaque groups on the CPU; one knob, OpenMP over each nest's outermost loop or not."""
+    """Opaque groups on the CPU; one knob, the thread pool over each nest's outermost loop or not."""
 
     name = "generic"
     version = 1

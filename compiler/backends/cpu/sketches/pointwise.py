@@ -2,7 +2,7 @@
 
 Knobs: ``flatten`` (fuse every axis into one loop, or keep the last axis apart so broadcast loads stay
 contiguous), ``vector`` (SIMD lanes of the innermost loop), ``unroll`` (copies of the vector loop body),
-``parallel`` (OpenMP over the outer loop or not), ``store`` (ordinary or non-temporal vector stores of the
+``parallel`` (pool over the outer loop or not), ``store`` (ordinary or non-temporal vector stores of the
 outputs: streaming stores skip reading the output's lines before writing them and leave the inputs in the
 cache, which pays once the inputs and outputs together overflow the last-level cache, as in the reduction
 sketch).
@@ -41,7 +41,7 @@ class CpuPointwiseSketch(Sketch):
             Knob("flatten", (0, 1), "fuse all axes into one loop before splitting"),
             Knob("vector", tuple(v for v in VECTORS if v <= lanes and (v == 1 or not window)), "SIMD lanes"),
             Knob("unroll", UNROLLS if not window else (1,), "unrolled copies of the vector loop"),
-            Knob("parallel", ("outer", "none"), "OpenMP over the outer loop"),
+            Knob("parallel", ("outer", "none"), "thread pool over the outer loop"),
             Knob(
                 "store",
                 ("cached", "stream") if not window else ("cached",),

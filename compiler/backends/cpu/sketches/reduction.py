@@ -60,7 +60,7 @@ class CpuReductionSketch(Sketch):
             Knob("accum", (1, 2, 4), "independent vector accumulators per reduction"),
             Knob("unroll", (1, 2, 4), "unroll of the vectorized epilogue loop"),
             Knob("keep", keep, "recompute shared transcendental intermediates or keep the row in a buffer"),
-            Knob("parallel", ("rows", "none"), "OpenMP over rows"),
+            Knob("parallel", ("rows", "none"), "thread pool over rows"),
             Knob(
                 "div",
                 ("reciprocal", "exact") if _divides(group) else ("exact",),
