@@ -2,7 +2,7 @@
 :class:`~compiler.loopir.stmt.Intrinsic` statements the CUDA tensor-core sketch emits, per the PTX ISA.
 
 Fragments are ``local`` buffers (one copy per thread) holding each lane's registers element by element:
-an f16 fragment register is two consecutive float16 elements, a tf32 one one float32 element.
+an f16 / bf16 fragment register is two consecutive 16-bit elements, a tf32 one one float32 element.
 ``lane`` = linear thread index % 32, ``g`` = lane // 4 (groupID), ``t`` = lane % 4 (thread in group).
 
 * ``mma_m16n8k16`` (buffers D, A, B, C; ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``):
@@ -74,6 +74,7 @@ def c_coords(i: int, lane: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 MMA_SHAPES = {  # name -> (shape, K, A elements, B elements per lane)
     "mma_m16n8k16": ("m16n8k16", 16, 8, 4),
+    "mma_m16n8k16_bf16": ("m16n8k16", 16, 8, 4),  # bfloat16 inputs: the f16 fragment layout
     "mma_m16n8k8_tf32": ("m16n8k8", 8, 4, 2),
 }
 

@@ -1,14 +1,15 @@
 """Printing the tensor-core intrinsics (``compiler.loopir.stmt.Intrinsic``) as inline PTX for the CUDA
 printer (``compiler.backends.cuda.codegen.CudaPrinter`` calls :func:`emit_intrinsic`).
 
-* float16 fragments (local float16 buffers an intrinsic uses) are ``unsigned`` arrays of 32-bit registers,
-  two binary16 elements each (element ``e`` is half ``e % 2`` of word ``e / 2``); float32 (TF32)
-  fragments stay ``float`` arrays, passed to ``mma`` as their bits (``__float_as_uint``);
+* float16 and bfloat16 fragments (local 16-bit buffers an intrinsic uses) are ``unsigned`` arrays of
+  32-bit registers, two 16-bit elements each (element ``e`` is half ``e % 2`` of word ``e / 2``);
+  float32 (TF32) fragments stay ``float`` arrays, passed to ``mma`` as their bits (``__float_as_uint``);
 * ``cp_async`` -> ``cp.async.cg.shared.global [dst], [src], 16, src_size`` (``src_size`` 0 zero-fills:
   the predicate), ``cp_async_commit`` -> ``cp.async.commit_group``, ``cp_async_wait`` ->
   ``cp.async.wait_group N``;
 * ``ldmatrix`` -> ``ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16`` into fragment words;
-* ``mma_m16n8k16`` -> ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, ``mma_m16n8k8_tf32`` ->
+* ``mma_m16n8k16`` -> ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, ``mma_m16n8k16_bf16`` ->
+  the same with ``.bf16.bf16``, ``mma_m16n8k8_tf32`` ->
   ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``;
 * ``tf32_round(x)`` -> ``kiln_tf32(x)`` (``cvt.rna.tf32.f32``), ``xor(a, b)`` -> ``(a ^ b)``.
 
@@ -26,8 +27,11 @@ from compiler.loopir.stmt import Buffer, Intrinsic, Stmt, walk_stmts
 if TYPE_CHECKING:
     from compiler.backends.cuda.codegen import CudaPrinter
 
+B16 = ("float16", "bfloat16")  # 16-bit element types: two per 32-bit fragment register
+
 MMA_PTX = {
     "mma_m16n8k16": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 8, 4),
+    "mma_m16n8k16_bf16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 8, 4),
     "mma_m16n8k8_tf32": ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 2),
 }
 
@@ -39,24 +43,24 @@ TF32_HELPER = """__device__ __forceinline__ float kiln_tf32(float x) {
 
 
 def is_fragment(buf: Buffer, body: Stmt) -> bool:
-    """A local float16 buffer an intrinsic under ``body`` uses: printed as 32-bit registers."""
+    """A local 16-bit float buffer an intrinsic under ``body`` uses: printed as 32-bit registers."""
     return (
         buf.scope == "local"
-        and buf.dtype == "float16"
+        and buf.dtype in B16
         and any(isinstance(x, Intrinsic) and buf in x.buffers for x in walk_stmts(body))
     )
 
 
 def fragment_decl(buf: Buffer, name: str) -> str:
     if buf.numel % 2:
-        raise CompileError(f"fragment {buf.name} has an odd number of float16 elements ({buf.numel})")
+        raise CompileError(f"fragment {buf.name} has an odd number of 16-bit elements ({buf.numel})")
     return f"unsigned {name}[{buf.numel // 2}];"
 
 
 def _word(p: CudaPrinter, buf: Buffer, off: Expr, k: int) -> str:
     """Register ``k`` of the fragment starting at element ``off``."""
     name = p.buf_name(buf)
-    if buf.dtype == "float16":
+    if buf.dtype in B16:
         return f"{name}[{p.top(p.simplified(off // 2 + k))}]"
     return f"{name}[{p.top(p.simplified(off + k))}]"
 
@@ -111,10 +115,10 @@ def emit_intrinsic(p: CudaPrinter, s: Intrinsic) -> None:
 
 
 def _regs(buf: Buffer, elems: int) -> int:
-    return elems // 2 if buf.dtype == "float16" else elems
+    return elems // 2 if buf.dtype in B16 else elems
 
 
 def _frag_reg(p: CudaPrinter, buf: Buffer, off: Expr, k: int) -> str:
-    if buf.dtype == "float16":
+    if buf.dtype in B16:
         return _word(p, buf, off, k)
     return f"{p.buf_name(buf)}[{p.top(p.simplified(off + const(k)))}]"

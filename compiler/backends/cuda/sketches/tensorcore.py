@@ -1,4 +1,4 @@
-"""The CUDA tensor-core contraction sketch: float16 (and, opted in, TF32) GEMMs with ``mma.sync``.
+"""The CUDA tensor-core contraction sketch: float16 / bfloat16 (and, opted in, TF32) GEMMs with ``mma.sync``.
 
 Applies to matmul / batch_matmul / dense groups (a fused elementwise epilogue included) whose product is
 ``acc[.., m, n] += A[.., m|k, k|m] * B[.., k|n, n|k]`` of one input element type, on sm_80 or newer:
@@ -6,16 +6,18 @@ Applies to matmul / batch_matmul / dense groups (a fused elementwise epilogue in
 * ``float16`` inputs: ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` (float32 accumulators, the
   result cast to the epilogue's type where the graph's matmul result is read), fragments loaded from
   shared memory with ``ldmatrix.x4`` (``.trans`` for an operand stored M/N-major: A[k][m], B[k][n]);
+* ``bfloat16`` inputs: ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``, the same fragment layout
+  and ldmatrix loads as float16;
 * ``float32`` inputs when the target opts in to TF32 (``Target.tf32``: ``--tf32``, key suffix ``/tf32``):
   ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``, fragments read element by element from shared
   memory and rounded with ``cvt.rna.tf32.f32`` (``tf32_round``).
 
-The input element type is a parameter (:data:`MMA`): bfloat16 is one more entry once Kiln has the dtype.
+The input element type is a parameter (:data:`MMA`: one entry per type).
 
 Shape rule (otherwise the sketch does not apply and the SIMT contraction sketch schedules the group):
-each operand's innermost (contiguous) extent is a multiple of one 16-byte chunk (8 float16 / 4 float32
-elements), so every ``cp.async`` copies a whole chunk that lies inside or outside the tensor. M, N and
-K are otherwise free: chunks past the edge are zero-filled (``cp.async`` with ``src-size`` 0) and the
+each operand's innermost (contiguous) extent is a multiple of one 16-byte chunk (8 float16 or bfloat16 /
+4 float32 elements), so every ``cp.async`` copies a whole chunk that lies inside or outside the tensor.
+M, N and K are otherwise free: chunks past the edge are zero-filled (``cp.async`` with ``src-size`` 0) and the
 epilogue's stores are guarded.
 
 How warp-level code is expressed in the loop IR. The block/primitive machinery schedules per-thread
@@ -61,6 +63,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler import dtypes
 from compiler.backends import group_analysis as G
 from compiler.backends.cuda.sketches.contraction import threads_per_sm
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, prepare
@@ -119,6 +122,7 @@ class MmaKind:
 
 MMA = {
     "float16": MmaKind("float16", "mma_m16n8k16", 16, 8, 4, True),
+    "bfloat16": MmaKind("bfloat16", "mma_m16n8k16_bf16", 16, 8, 4, True),
     "float32": MmaKind("float32", "mma_m16n8k8_tf32", 8, 4, 2, False),  # TF32, opt-in only
 }
 
@@ -221,7 +225,7 @@ def gemm_form(group: Group, tf32: bool = False) -> GemmForm:
     dtype = v.b.a.buffer.dtype
     if v.b.b.buffer.dtype != dtype or dtype not in MMA or (dtype == "float32" and not tf32):
         raise ScheduleError(
-            f"tensorcore: operands of {dtype} (float16, or float32 with TF32 opted in) are needed"
+            f"tensorcore: operands of {dtype} (float16, bfloat16, or float32 with TF32 opted in) are needed"
         )
     mma = MMA[dtype]
     ops = []
@@ -421,11 +425,11 @@ def _tile_geometry(form: GemmForm, op: Operand, mn_tile: int, bk: int, layout: s
 
 
 def _itemsize(form: GemmForm) -> int:
-    return 2 if form.mma.dtype == "float16" else 4
+    return dtypes.info(form.mma.dtype).itemsize
 
 
 def _smem_bytes(shape: _Shape, config: Config) -> int:
-    item = 2 if shape.dtype == "float16" else 4
+    item = dtypes.info(shape.dtype).itemsize
     total = 0
     for k_contig, tile in zip(shape.k_contig, (config["bm"], config["bn"])):
         rows, length = (tile, config["bk"]) if k_contig else (config["bk"], tile)

@@ -27,7 +27,7 @@ from compiler.loopir import evaluate
 from compiler.loopir.expr import Call, Var, const, substitute
 from compiler.loopir.interp import InterpError
 from compiler.loopir.interp_simt_tc import tf32_round
-from compiler.loopir.stmt import Barrier, Intrinsic, PrimFunc, SeqStmt, Stmt
+from compiler.loopir.stmt import Barrier, Intrinsic, PrimFunc, SeqStmt, Stmt, walk_stmts
 from compiler.loopir.visitor import post_order
 from compiler.passes import optimize
 from compiler.reference import run_reference
@@ -38,6 +38,7 @@ from tests.compiler.property_graphs import inputs_for
 from tuner.measure.check import RTOL, TF32_RTOL, compare
 
 F16 = "float16"
+BF16 = "bfloat16"
 TF32 = CUDA.with_tf32()
 RNG = np.random.RandomState(0)
 
@@ -194,6 +195,29 @@ def group_tf32():
     return _CACHE["tf32"]
 
 
+def group_bf16(name: str):
+    """bfloat16 forms: the f16 fragment layout with the bf16 mma (tails; A stored [k][m])."""
+    key = f"bf16_{name}"
+    if key not in _CACHE:
+        _CACHE[key] = {
+            "tail": lambda: matmul(40, 48, 24, BF16),
+            "ta": lambda: matmul(72, 40, 48, BF16, ta=True),
+        }[name]()
+    return _CACHE[key]
+
+
+@pytest.mark.parametrize("name", ["tail", "ta"])
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_legal_bfloat16_config_computes_the_reference(name, data):
+    grp = group_bf16(name)
+    assert sketch_for(grp, CUDA).name == "tensorcore"
+    config = data.draw(st.sampled_from(legal_configs(grp)))
+    func = build(grp, config)
+    assert any(isinstance(x, Intrinsic) and x.name == "mma_m16n8k16_bf16" for x in walk_stmts(func.body))
+    assert run(func, grp) is None, config
+
+
 def test_defaults_compute_the_reference():
     for name in GROUPS:
         grp = group(name)
@@ -322,6 +346,8 @@ def test_the_printed_kernel_uses_the_ptx_instructions():
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in generate_cuda(
         [build(group("dense_bias"), SMALL)], CUDA
     )
+    bf16 = generate_cuda([build(group_bf16("ta"), SMALL)], CUDA)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in bf16 and "unsigned afrag[" in bf16
 
 
 # ----------------------------------------------------------------------------- nvcc
@@ -339,6 +365,8 @@ def _nvcc_groups():
     configs.append(
         ("gemm_4096_pad_256", grp, alt | {"smem_layout": "pad", "group_m": 8, "min_blocks": 1}, CUDA)
     )
+    bf16 = matmul(4096, 4096, 4096, BF16, epi=False)
+    configs.append(("bf16_gemm_4096", bf16, CudaTensorCoreSketch().default(bf16, CUDA), CUDA))
     f32 = matmul(4096, 4096, 4096, "float32", epi=False)
     configs.append(("sgemm_4096_tf32", f32, CudaTensorCoreSketch().default(f32, TF32), TF32))
     return configs
@@ -361,7 +389,7 @@ def test_representative_configs_compile_with_nvcc(arch):
             f"spills {r.spill_stores}/{r.spill_loads} B"
         )
         assert r.registers <= 255
-        if name in ("gemm_4096", "dense_bert", "bmm_tb"):  # defaults: no spills
+        if name in ("gemm_4096", "dense_bert", "bmm_tb", "bf16_gemm_4096"):  # defaults: no spills
             assert r.spill_stores == 0 and r.spill_loads == 0, (name, r)
 
 
