@@ -9,7 +9,7 @@ loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
 * the calling thread publishes the loop, wakes the workers and claims chunks itself; it then waits only for
   the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a loop starts
   claims nothing, so the caller runs those chunks instead of waiting at a barrier for that thread;
-* workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US``) after their last
+* workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US`` = 0) after their last
   chunk, then sleep on a futex; the caller wakes them with one ``futex_wake`` only when some sleep;
 * a worker never spins nor takes chunks on the CPU the caller started the loop on (the two would only take
   turns, and a spinning worker there halves the caller's speed): it moves itself to another CPU of its
@@ -34,8 +34,11 @@ counted as finished, so the caller sees the stored data once it returns.
 from __future__ import annotations
 
 CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a short tail under load
-# default spin of an idle worker before it sleeps, so that back-to-back calls of a model find it awake
-SPIN_US = 1000
+# default spin of an idle worker before it sleeps; 0 = sleep at once. On the quiet 2-vCPU development host,
+# any spin (20 us, 100 us, 1 ms) made softmax, layernorm, rmsnorm, bias_gelu and mlp slower than sleeping at
+# once (softmax [4096,1024] 1.5x slower at 1 ms): the spinning worker takes the caller's core. Compare with
+# KILN_POOL_SPIN_US=N python scripts/bench_cpu_kernels.py
+SPIN_US = 0
 
 POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
 #define _GNU_SOURCE
