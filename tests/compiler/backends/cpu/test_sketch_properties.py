@@ -93,6 +93,36 @@ def test_pooling(hw, k, s, pad, avg, incl, data):
 
 @SETTINGS
 @given(
+    lanes=st.sampled_from([4, 8, 16]),
+    k=st.integers(1, 3),
+    s=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    avg=st.booleans(),
+    incl=st.booleans(),
+    data=st.data(),
+)
+def test_pooling_vector_rows(lanes, k, s, pad, avg, incl, data):
+    """Pooling windows vectorized along the output row: every legal config with vector > 1 (the random
+    draws of test_pooling rarely give a row the lanes divide) computes the reference on every target."""
+    pad = min(pad, k - 1)
+    hw = next(h for h in range(3, 64) if ((h + 1 + 2 * pad - k) // s + 1) % lanes == 0)
+    graph = pooling_graph(hw, k, s, pad, avg, incl)
+    target = data.draw(st.sampled_from([t for t in TARGETS if t.vector_lanes_f32 >= lanes]), label="target")
+    (group,) = [g for g in fuse(optimize(graph)).groups if g.kind == "pointwise" and not g.is_view]
+    sketch = sketch_for(group, target)
+    config = {
+        kn.name: data.draw(st.sampled_from(kn.values), label=kn.name) for kn in sketch.space(group, target)
+    }
+    config["vector"] = lanes
+    sketch.check(group, config, target)
+    func = get_backend(target).lower(sketch.build(group, config, target).func)
+    ins = inputs_for(group)
+    (out,) = evaluate(func, apply_input_layouts(func.attrs, ins))
+    np.testing.assert_allclose(out, run_reference(group.subgraph, ins)[0], rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(
     op=st.sampled_from(REDUCERS),
     rows=st.integers(1, 4),
     cols=st.sampled_from([4, 8, 12, 16, 32, 48, 64]),
