@@ -156,15 +156,31 @@ def ensure_wal(engine: Engine, url: str) -> None:
     """Put a SQLite file in WAL mode (persistent in the file; a no-op if already WAL or read-only)."""
     if sqlite_path(url) is None or is_readonly_sqlite(url):
         return
+    import sqlite3
+    import time
+
+    # Switching to WAL takes an exclusive lock, and SQLite does not always call the busy handler for it:
+    # several processes opening a fresh file at once get "database is locked" at once. Retry (re-reading
+    # the mode: another process may have switched it) for as long as a writer would wait for the lock.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay = 0.01
     with translate_errors(url, "enable WAL mode"), engine.connect() as conn:
         dbapi = conn.connection.dbapi_connection
-        cursor = dbapi.cursor()  # type: ignore[union-attr]
-        try:
-            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
-            if str(mode).lower() != "wal":
-                cursor.execute("PRAGMA journal_mode = WAL")
-        finally:
-            cursor.close()
+        while True:
+            cursor = dbapi.cursor()  # type: ignore[union-attr]
+            try:
+                mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    cursor.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                if not busy or time.monotonic() + delay > deadline:
+                    raise
+            finally:
+                cursor.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
 @contextlib.contextmanager
