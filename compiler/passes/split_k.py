@@ -13,10 +13,13 @@ like any intermediate. This needs no runtime change.
 
 Where the split is chosen: a rule (:func:`split_factor`), not a searched plan edge. The pass is not in the
 default pipeline (CPU targets are unaffected); a CUDA build applies it with the device's SM count.
-Only plain ``matmul`` nodes (no transpose flags, 2-D operands) are rewritten.
+Rewritten: ``matmul`` of A [..., M, K] by B [K, N] or, with ``transpose_b``, B [N, K] (torch's linear
+layout; B is then viewed [N, S, K/S] and transposed to [S, N, K/S]); A with ``transpose_a`` is left alone.
 """
 
 from __future__ import annotations
+
+import math
 
 from compiler.builder import GraphBuilder
 from compiler.graph import Graph, Node, Value
@@ -41,30 +44,36 @@ def split_factor(m: int, n: int, k: int, sm_count: int) -> int:
     return best
 
 
-def _plain_matmul(node: Node) -> bool:
+def _splittable(node: Node) -> bool:
+    """A matmul of A [..., M, K] (leading dimensions folded into M) by B [K, N], or by B [N, K] with
+    ``transpose_b`` (torch's linear layout); A not transposed."""
     if node.op != "matmul":
         return False
     a, b = node.inputs
-    return (
-        len(a.shape) == 2
-        and len(b.shape) == 2
-        and not node.attrs.get("transpose_a")
-        and not node.attrs.get("transpose_b")
-    )
+    return len(a.shape) >= 2 and len(b.shape) == 2 and not node.attrs.get("transpose_a")
 
 
 def split_k(graph: Graph, sm_count: int = 132) -> Graph:
-    """``graph`` with every small-M, large-K plain matmul split along K (see the module docstring)."""
+    """``graph`` with every small-M, large-K matmul split along K (see the module docstring)."""
 
     def rule(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value | None:
-        if not _plain_matmul(node):
+        if not _splittable(node):
             return None
-        (m, k), (_k, n) = inputs[0].shape, inputs[1].shape
+        k = inputs[0].shape[-1]
+        m = math.prod(inputs[0].shape[:-1])
+        tb = bool(node.attrs.get("transpose_b"))
+        n = inputs[1].shape[0] if tb else inputs[1].shape[1]
         s = split_factor(m, n, k, sm_count)
         if s == 1:
             return None
         a = b.transpose(b.reshape(inputs[0], (m, s, k // s)), (1, 0, 2))
-        w = b.reshape(inputs[1], (s, k // s, n))
-        return b.reduce_sum(b.batch_matmul(a, w), axes=0, name=node.name)
+        if tb:
+            w = b.transpose(b.reshape(inputs[1], (n, s, k // s)), (1, 0, 2))  # [S, N, K/S]
+        else:
+            w = b.reshape(inputs[1], (s, k // s, n))
+        partials = b.batch_matmul(a, w, transpose_b=tb)  # [S, M, N]
+        if len(node.output.shape) != 2:  # [S, ..., M, N] (a view), so the sum gives the output's shape
+            partials = b.reshape(partials, (s, *node.output.shape))
+        return b.reduce_sum(partials, axes=0, name=node.name)
 
     return rewrite(graph, rule)

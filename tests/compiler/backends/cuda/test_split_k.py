@@ -20,19 +20,23 @@ from tests.compiler.backends.cuda.util import CUDA, check_group, lowered, need_n
 RNG = np.random.default_rng(0)
 
 
-def split_groups(m: int, k: int, n: int, sm_count: int):
+def split_groups(m: int, k: int, n: int, sm_count: int, linear: bool = False):
+    """x @ w + bias, GELU; ``linear``: BERT's layout, x [1, M, K] by w [N, K] with transpose_b."""
     b = GraphBuilder("ffn_down")
-    x = b.input("x", (m, k))
-    y = b.matmul(x, b.param("w", RNG.standard_normal((k, n)).astype(np.float32)))
+    x = b.input("x", (1, m, k) if linear else (m, k))
+    w = b.param("w", RNG.standard_normal((n, k) if linear else (k, n)).astype(np.float32))
+    y = b.matmul(x, w, transpose_b=linear)
     y = b.gelu(b.add(y, b.param("bias", RNG.standard_normal((n,)).astype(np.float32))))
     graph = split_k(optimize(b.build([y])), sm_count=sm_count)
     return [g for g in fuse(graph).groups if not g.is_view]
 
 
-def test_split_projection_matches_reference_in_the_interpreter():
-    groups = split_groups(8, 512, 16, sm_count=4)
-    kinds = {g.anchor.op if g.anchor is not None else g.kind for g in groups}
-    assert "batch_matmul" in kinds and "reduce_sum" in kinds, kinds
+@pytest.mark.parametrize("linear", [False, True])
+def test_split_projection_matches_reference_in_the_interpreter(linear):
+    groups = split_groups(8, 512, 16, sm_count=4, linear=linear)
+    ops = [[n.op for n in g.nodes] for g in groups]
+    assert len(groups) == 2 and "batch_matmul" in ops[0], ops  # partials, then the sum with the epilogue
+    assert "reduce_sum" in ops[1] and "erf" in ops[1] and "add" in ops[1], ops
     for g in groups:
         check_group(g, tol=1e-4)
 
@@ -40,7 +44,7 @@ def test_split_projection_matches_reference_in_the_interpreter():
 @cache
 def nvcc_resources(arch: str) -> dict:
     funcs = []
-    for i, g in enumerate(split_groups(128, 3072, 768, sm_count=132)):
+    for i, g in enumerate(split_groups(128, 3072, 768, sm_count=132, linear=True)):
         func = lowered(g)
         func.name = f"splitk_{i}"
         funcs.append(func)
