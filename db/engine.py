@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,9 +158,6 @@ def ensure_wal(engine: Engine, url: str) -> None:
     """Put a SQLite file in WAL mode (persistent in the file; a no-op if already WAL or read-only)."""
     if sqlite_path(url) is None or is_readonly_sqlite(url):
         return
-    import sqlite3
-    import time
-
     # Switching to WAL takes an exclusive lock, and SQLite does not always call the busy handler for it:
     # several processes opening a fresh file at once get "database is locked" at once. Retry (re-reading
     # the mode: another process may have switched it) for as long as a writer would wait for the lock.

@@ -630,10 +630,29 @@ def geomean_ratio(samples: list, pairs: list[tuple[int, int]]):
     return stat
 
 
+def geomean_ratio_ci(
+    samples: list, pairs: list[tuple[int, int]], resamples: int
+) -> tuple[float, float, float]:
+    """The geometric mean over ``pairs`` of the ratio of medians, and its bootstrap 90% interval."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    stat = geomean_ratio(samples, pairs)
+    ci = bootstrap(
+        samples,
+        stat,
+        n_resamples=resamples,
+        confidence_level=0.9,
+        method="percentile",
+        vectorized=False,
+        random_state=np.random.default_rng(0),
+    ).confidence_interval
+    return stat(*samples), float(ci.low), float(ci.high)
+
+
 def report(args: argparse.Namespace) -> None:
     """Markdown on stdout (search benchmark, overhead, held-out top-k); curves to ``{out}``."""
     import numpy as np
-    from scipy.stats import bootstrap
 
     meta, runs = load_runs(Path(args.run_dir))
     proto = meta["protocol"]
@@ -714,19 +733,9 @@ def report(args: argparse.Namespace) -> None:
             pairs.append((len(samples), len(samples) + 1))
             samples += [a, b]
             cells.append(f"{np.median(a) / np.median(b):.2f}")
-        stat = geomean_ratio(samples, pairs)
-        gm = stat(*samples)
-        ci = bootstrap(
-            samples,
-            stat,
-            n_resamples=args.resamples,
-            confidence_level=0.9,
-            method="percentile",
-            vectorized=False,
-            random_state=np.random.default_rng(0),
-        ).confidence_interval
-        summary[m] = (gm, float(ci.low), float(ci.high))
-        print(f"| {LABEL[m]} | " + " | ".join(cells) + f" | **{gm:.2f}** | {ci.low:.2f}-{ci.high:.2f} |")
+        gm, low, high = geomean_ratio_ci(samples, pairs, args.resamples)
+        summary[m] = (gm, low, high)
+        print(f"| {LABEL[m]} | " + " | ".join(cells) + f" | **{gm:.2f}** | {low:.2f}-{high:.2f} |")
     print(
         "\n| method | rounds | pool per round | proposed (not asked) | invalid in pool "
         "| features + rank s/round | learn s/round | waiting s/round | background s/round |"
@@ -783,26 +792,16 @@ def report(args: argparse.Namespace) -> None:
                     pairs.append((len(samples), len(samples) + 1))
                     samples += [np.asarray(tt[(spec, "tpe+gbdt")], float)]
                     samples += [np.asarray(tt[(spec, "tpe+analytic")], float)]
-            stat = geomean_ratio(samples, pairs)
-            ci = bootstrap(
-                samples,
-                stat,
-                n_resamples=args.resamples,
-                confidence_level=0.9,
-                method="percentile",
-                vectorized=False,
-                random_state=np.random.default_rng(0),
-            ).confidence_interval
-            d = stat(*samples)
+            d, ci_low, ci_high = geomean_ratio_ci(samples, pairs, args.resamples)
             print(  # better = the direct ratio's 90% interval lies below 1, not a smaller point estimate
                 "- cold GBDT better than TPE + analytic prior (the direct ratio's 90% interval below 1): "
-                f"{'**met**' if ci.high < 1 else '**not met**'} "
+                f"{'**met**' if ci_high < 1 else '**not met**'} "
                 f"({c[0]:.2f} vs {a[0]:.2f} of TPE's trials; intervals {c[1]:.2f}-{c[2]:.2f} and "
                 f"{a[1]:.2f}-{a[2]:.2f}; directly, cold GBDT / TPE + analytic = {d:.2f}, 90% interval "
-                f"{ci.low:.2f}-{ci.high:.2f}: "
+                f"{ci_low:.2f}-{ci_high:.2f}: "
                 + (
                     "the interval excludes 1)"
-                    if ci.high < 1 or ci.low > 1
+                    if ci_high < 1 or ci_low > 1
                     else "the interval includes 1, so the difference is not significant at this level)"
                 )
             )
@@ -816,7 +815,6 @@ def _stricter_goals(runs, specs, methods, best, budget: int, resamples: int) -> 
     best, which the rule-based default does not reach on most sub-spaces (so the models' rankings beyond
     the default show)."""
     import numpy as np
-    from scipy.stats import bootstrap
 
     shown = [m for m in ("tpe+analytic", "tpe+gbdt", "tpe+gbdt-warm") if m in methods]
     print(
@@ -841,17 +839,8 @@ def _stricter_goals(runs, specs, methods, best, budget: int, resamples: int) -> 
             if not pairs:
                 cells.append("-")
                 continue
-            stat = geomean_ratio(samples, pairs)
-            ci = bootstrap(
-                samples,
-                stat,
-                n_resamples=resamples,
-                confidence_level=0.9,
-                method="percentile",
-                vectorized=False,
-                random_state=np.random.default_rng(0),
-            ).confidence_interval
-            cells.append(f"{stat(*samples):.2f} ({ci.low:.2f}-{ci.high:.2f})")
+            gm, low, high = geomean_ratio_ci(samples, pairs, resamples)
+            cells.append(f"{gm:.2f} ({low:.2f}-{high:.2f})")
         print(f"| within {round((factor - 1) * 100)}% | " + " | ".join(cells) + " |")
 
 

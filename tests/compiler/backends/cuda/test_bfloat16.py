@@ -5,7 +5,6 @@ SIMT interpreter, ONNX import, nvcc for sm_80/sm_90, and the cpu target's refusa
 from __future__ import annotations
 
 import ctypes
-import random
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -15,17 +14,14 @@ import numpy as np
 import pytest
 
 from compiler import dtypes
-from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda
 from compiler.backends.cuda.nvrtc import nvcc_check
 from compiler.backends.cuda.prelude import _BF16
 from compiler.build import compile as kiln_compile
 from compiler.builder import GraphBuilder
-from compiler.errors import KilnError, ScheduleError
-from compiler.fusion import fuse
-from compiler.passes import optimize
+from compiler.errors import KilnError
 from compiler.reference import run_reference
-from tests.compiler.backends.cuda.util import CUDA, check_group, lowered, need_nvcc
+from tests.compiler.backends.cuda.util import CUDA, check_group, groups_of, lowered, need_nvcc, samples
 from tuner.measure.check import RTOL, compare
 
 BF16 = "bfloat16"
@@ -49,27 +45,6 @@ def graphs() -> dict:
     b = GraphBuilder("b_matmul")
     y = b.matmul(b.input("a", (40, 24), BF16), b.input("w", (24, 36), BF16))
     out[b.name] = b.build([b.relu(b.add(y, b.param("bias", bf16(np.linspace(-1, 1, 36)))))])
-    return out
-
-
-def groups_of(graph):
-    return [g for g in fuse(optimize(graph)).groups if not g.is_view]
-
-
-def samples(group, n: int) -> list[dict]:
-    sketch = sketch_for(group, CUDA)
-    rng = random.Random(group.workload_key)
-    out = [sketch.default(group, CUDA)]
-    space = sketch.space(group, CUDA)
-    for _ in range(100):
-        if len(out) > n:
-            break
-        config = {k.name: rng.choice(k.values) for k in space}
-        try:
-            sketch.check(group, config, CUDA)
-        except ScheduleError:
-            continue
-        out.append(config)
     return out
 
 

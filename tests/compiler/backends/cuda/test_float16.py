@@ -5,20 +5,15 @@ ONNX model imports and compiles; the kernels compile with nvcc for sm_80 and sm_
 
 from __future__ import annotations
 
-import random
 from functools import cache
 
 import numpy as np
 import pytest
 
-from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda
 from compiler.backends.cuda.nvrtc import nvcc_check
 from compiler.builder import GraphBuilder
-from compiler.errors import ScheduleError
-from compiler.fusion import fuse
-from compiler.passes import optimize
-from tests.compiler.backends.cuda.util import CUDA, check_group, lowered, need_nvcc
+from tests.compiler.backends.cuda.util import CUDA, check_group, groups_of, lowered, need_nvcc, samples
 from tuner.measure.check import RTOL
 
 F16 = "float16"
@@ -38,27 +33,6 @@ def graphs() -> dict:
     b = GraphBuilder("h_matmul")
     y = b.matmul(b.input("a", (40, 24), F16), b.input("w", (24, 36), F16))
     out[b.name] = b.build([b.relu(b.add(y, b.param("bias", np.linspace(-1, 1, 36).astype(np.float16))))])
-    return out
-
-
-def groups_of(graph):
-    return [g for g in fuse(optimize(graph)).groups if not g.is_view]
-
-
-def samples(group, n: int) -> list[dict]:
-    sketch = sketch_for(group, CUDA)
-    rng = random.Random(group.workload_key)
-    out = [sketch.default(group, CUDA)]
-    space = sketch.space(group, CUDA)
-    for _ in range(100):
-        if len(out) > n:
-            break
-        config = {k.name: rng.choice(k.values) for k in space}
-        try:
-            sketch.check(group, config, CUDA)
-        except ScheduleError:
-            continue
-        out.append(config)
     return out
 
 

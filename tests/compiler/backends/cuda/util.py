@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
 from compiler.backends import sketch_for
 from compiler.backends.cuda.lower import lower_gpu_func
 from compiler.backends.cuda.nvrtc import nvcc_available
-from compiler.fusion import Group
+from compiler.errors import ScheduleError
+from compiler.fusion import Group, fuse
 from compiler.loopir import evaluate
 from compiler.loopir.stmt import PrimFunc
+from compiler.passes import optimize
 from compiler.reference import run_reference
 from compiler.target import Target
 from tests.compiler.property_graphs import inputs_for
@@ -49,3 +53,26 @@ def check_group(group: Group, config: dict | None = None, tol: float = 2e-5) -> 
             err = float(np.where(same, 0.0, np.abs(o64 - r64)).max()) if o64.size else 0.0
         assert err <= tol * scale, f"{group.name} {config}: max err {err}\n{func}"
     return func
+
+
+def groups_of(graph) -> list[Group]:
+    """The non-view groups of ``graph`` after the standard passes and the rule-based fusion."""
+    return [g for g in fuse(optimize(graph)).groups if not g.is_view]
+
+
+def samples(group: Group, n: int) -> list[dict]:
+    """The default config of ``group``'s sketch and up to ``n`` random legal ones (seeded by its key)."""
+    sketch = sketch_for(group, CUDA)
+    rng = random.Random(group.workload_key)
+    out = [sketch.default(group, CUDA)]
+    space = sketch.space(group, CUDA)
+    for _ in range(100):
+        if len(out) > n:
+            break
+        config = {k.name: rng.choice(k.values) for k in space}
+        try:
+            sketch.check(group, config, CUDA)
+        except ScheduleError:
+            continue
+        out.append(config)
+    return out
