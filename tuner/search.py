@@ -10,8 +10,11 @@ is measured (:mod:`tuner.workers`). Every result, errors included, is committed 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,6 +44,9 @@ log = logging.getLogger("kiln.search")
 # (task, asked configs, batch) -> the configs to measure: asked ones (the other asked ones are told PRUNED)
 # and proposals of its own, which are measured and added to the study; set by the cost model
 CandidateFilter = Callable[[Task, list[Config], int], list[Config]]
+
+
+ENUMERATE_LIMIT = 20_000  # spaces up to this many configs are enumerated to find the unmeasured ones
 
 
 @dataclass
@@ -140,6 +146,7 @@ class TaskTuner:
         self.candidate_filter = candidate_filter
         self.oversample = max(1, oversample)
         self.share = share if share is not None else LocalShare()
+        self.rng = random.Random(seed)
         self.state = TaskState()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(sampler=make_sampler(sampler, seed), direction="minimize")
@@ -245,9 +252,11 @@ class TaskTuner:
                 screened += 1
                 continue
             fresh.append((trial, config))
-        if not fresh:
-            if not screened:  # the sampler keeps proposing measured configs: the space is exhausted
+        if not fresh and not screened:  # the sampler keeps proposing measured configs
+            fresh = [(None, c) for c in self._unexplored(batch, seen_now)]
+            if not fresh:  # not a config of the space is left unmeasured
                 self.state.done = True
+        if not fresh:
             self._check_early_stop()
             return 0
         chosen: list[tuple[Any, Config]] = fresh
@@ -296,6 +305,33 @@ class TaskTuner:
             self.state.history.append((self.state.trials, self.state.best_us))
         self._check_early_stop()
         return len(chosen)
+
+    def _unexplored(self, n: int, skip: set[str]) -> list[Config]:
+        """Up to ``n`` valid configs of the space with no record, drawn uniformly at random: what a step
+        measures when the sampler keeps proposing measured configs (TPE does, once it has settled on a
+        region). The whole space is enumerated when it is small, so an empty answer there means every
+        config was measured; a large space is sampled (``64 * n`` draws)."""
+        names = [k.name for k in self.space]
+        size = math.prod(len(k.values) for k in self.space)
+        if size <= ENUMERATE_LIMIT:
+            pool = [dict(zip(names, values)) for values in itertools.product(*(k.values for k in self.space))]
+            self.rng.shuffle(pool)
+        else:
+            pool = [{k.name: self.rng.choice(k.values) for k in self.space} for _ in range(64 * n)]
+        out: list[Config] = []
+        for config in pool:
+            key = config_json(config)
+            if key in self.known or key in skip:
+                continue
+            skip.add(key)
+            why = screen(self.task, [config])[0]
+            if why is not None:
+                self.known[key] = (Status.INVALID_CONFIG, None)
+                continue
+            out.append(config)
+            if len(out) >= n:
+                break
+        return out
 
     def _measure(self, configs: Sequence[Config]) -> list[Any]:
         from tuner.measure import MeasureInput

@@ -139,3 +139,30 @@ def test_scheduler_time_budget(db):
     n = sched.run()
     assert n == 6  # three batches of 2: the clock reached the budget after the third
     assert now[0] == 3.0
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_sampler_stuck_on_measured_configs_does_not_end_the_search_early(db):
+    """TPE that has settled keeps proposing configs it was told already; the task is done only once every
+    valid config of the space has a record, not after a few repeated proposals."""
+    import itertools
+
+    import optuna
+
+    from tuner.samplers import screen
+
+    task = _task(rows=2, cols=16, name="tiny")
+    runner = SimulatedRunner(_latency)
+    t = _tuner(db, task, runner)
+    fixed = {k: v for k, v in task.default().items()}
+    t.study.sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(seed=0))
+    space = task.space()
+    every = [dict(zip([k.name for k in space], vs)) for vs in itertools.product(*(k.values for k in space))]
+    valid = {config_json(c) for c in every if screen(task, [c])[0] is None}
+    steps = 0
+    while not t.state.done and steps < len(valid):
+        t.step(16)
+        steps += 1
+    measured = [c for _, c in runner.history]
+    assert t.state.done
+    assert len(measured) == len(set(measured)) and set(measured) == valid
