@@ -253,7 +253,7 @@ class TaskTuner:
                 continue
             fresh.append((trial, config))
         if not fresh and not screened:  # the sampler keeps proposing measured configs
-            fresh = [(None, c) for c in self._unexplored(batch, seen_now)]
+            fresh = [(None, c) for c in self._unexplored(batch * self.oversample, seen_now)]
             if not fresh:  # not a config of the space is left unmeasured
                 self.state.done = True
         if not fresh:
@@ -270,11 +270,12 @@ class TaskTuner:
                 taken.add(key)
                 chosen.append((asked.get(key), c))  # None: the filter's own proposal, added after measuring
             for key, t in asked.items():
-                if key not in taken:
+                if key not in taken and t is not None:  # None: drawn from the space, never asked
                     self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
         elif len(fresh) > batch:
             for t, _ in fresh[batch:]:
-                self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                if t is not None:
+                    self.study.tell(t, state=optuna.trial.TrialState.PRUNED)
             chosen = fresh[:batch]
         claimed, _ = self.share.claim(self.ident, [config_json(c) for _, c in chosen])
         mine = set(claimed)

@@ -142,19 +142,25 @@ def test_scheduler_time_budget(db):
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-def test_a_sampler_stuck_on_measured_configs_does_not_end_the_search_early(db):
+@pytest.mark.parametrize("cost_model", [None, "analytic"])
+def test_a_sampler_stuck_on_measured_configs_does_not_end_the_search_early(db, cost_model):
     """TPE that has settled keeps proposing configs it was told already; the task is done only once every
-    valid config of the space has a record, not after a few repeated proposals."""
+    valid config of the space has a record, not after a few repeated proposals (with or without a cost
+    model filtering the candidates)."""
     import itertools
 
     import optuna
 
+    from tuner.cost_filter import make_candidate_filter
     from tuner.samplers import screen
 
     task = _task(rows=2, cols=16, name="tiny")
     runner = SimulatedRunner(_latency)
     t = _tuner(db, task, runner)
-    fixed = {k: v for k, v in task.default().items()}
+    if cost_model is not None:
+        t.candidate_filter, _ = make_candidate_filter(cost_model, db, CPU, oversample=2)
+        t.oversample = 2
+    fixed = dict(task.default())
     t.study.sampler = optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(seed=0))
     space = task.space()
     every = [dict(zip([k.name for k in space], vs)) for vs in itertools.product(*(k.values for k in space))]
