@@ -38,10 +38,12 @@ flight at the end are the empty ones.
 Each producer store ``S[i] = G[j]`` (a plain copy of a float32 global element; anything else is a
 CompileError) becomes a ``cp_async`` intrinsic. A ``vectorized`` loop of V lanes whose destination and
 source flat indices are consecutive in the lane and provably multiples of V (``vector_access.aligned``)
-becomes one copy of 4V bytes (8 or 16); a guard linear in the lane gets a vector path (first and last
-lane pass) and a per-lane path. Anything else (a transposed tile: the lanes land in different rows) is
-copied element by element with 4-byte copies. Guards stay ``if``s around the copies (an element not
-copied is never read: the consumers are guarded the same way).
+becomes one copy of 4V bytes (8 or 16); a guard that depends on the lane gets a vector path (when every
+lane passes: the first and last for a guard linear in the lane) and a per-lane path. Anything else (a
+transposed tile: the lanes land in different rows) is copied element by element with 4-byte copies.
+Guards stay ``if``s around the copies (an element not copied is never read: the consumers are guarded
+the same way). A K loop of one tile is gone by then (lowering drops extent-1 loops): its copies stay
+plain stores.
 """
 
 from __future__ import annotations
@@ -379,10 +381,14 @@ class _CpAsync(_Ranges):
         fast = Intrinsic(first.name, first.buffers, first.offsets, (const(True, "bool"), const(size)))
         if guard is None:
             return fast
-        if not linear_guard(guard, loop.var):
-            return slow
-        ends = Logical("and", copy_expr(guard, loop.var, 0), copy_expr(guard, loop.var, lanes - 1))
-        return IfThenElse(ends, fast, slow)
+        # the vector copy when every lane passes: the first and the last for a guard linear in the lane,
+        # else each of them (its lane offset moved out of the modulos, so the conditions mostly coincide)
+        at = (0, lanes - 1) if linear_guard(guard, loop.var) else range(lanes)
+        conds = [lane_split(copy_expr(guard, loop.var, k), self.ranges, lanes) for k in at]
+        every = conds[0]
+        for c in conds[1:]:
+            every = Logical("and", every, c)
+        return IfThenElse(simp.simplify(every, self.ranges), fast, slow)
 
     def consecutive(self, loop: For, st: BufferStore, lanes: int) -> bool:
         """Whether lane k of the copy reads and writes flat element base + k (both bases multiples of the
@@ -392,7 +398,9 @@ class _CpAsync(_Ranges):
         for buf, idx in (dst, (st.value.buffer, st.value.indices)):
             flats = [
                 lane_split(
-                    simp.flat_index(buf, [copy_expr(i, loop.var, k) for i in idx], self.ranges), self.ranges
+                    simp.flat_index(buf, [copy_expr(i, loop.var, k) for i in idx], self.ranges),
+                    self.ranges,
+                    lanes,
                 )
                 for k in range(lanes)
             ]

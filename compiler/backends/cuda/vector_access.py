@@ -126,15 +126,15 @@ def _divisible(e: Expr, d: int) -> bool:
     return False
 
 
-def lane_split(e: Expr, ranges: dict) -> Expr:
-    """``(A + r) % D -> A % D + r`` and ``(A + r) // D -> A // D`` when A is a multiple of g = gcd(D, 4)
-    and 0 <= r < g: the lane offset of a vector access leaves the modulo (broadcast reads)."""
+def lane_split(e: Expr, ranges: dict, width: int = 4) -> Expr:
+    """``(A + r) % D -> A % D + r`` and ``(A + r) // D -> A // D`` when A is a multiple of g = gcd(D,
+    width) and 0 <= r < g: the lane offset of a vector access leaves the modulo (broadcast reads)."""
     if not dtypes.is_int(e.dtype):
         return e
-    e = rebuild(e, [lane_split(c, ranges) for c in children(e)])
+    e = rebuild(e, [lane_split(c, ranges, width) for c in children(e)])
     if isinstance(e, Binary) and e.op in ("%", "//") and isinstance(e.b, Const) and int(e.b.value) > 0:
         dd = int(e.b.value)
-        g = math.gcd(dd, 4)
+        g = math.gcd(dd, width)
         if g > 1:
             aff = simp.to_affine(e.a, ranges)
             r = aff.const % g
