@@ -152,7 +152,7 @@ class CudaContractionSketch(Sketch):
     """Contraction groups on the GPU: shared-memory tiles of A and B, a register tile of C per thread."""
 
     name = "contraction"
-    version = 4
+    version = 4  # 3: warp_rows, swizzle; 4: stages (cp.async ring)
     kinds = ("contraction",)
 
     def __init__(self) -> None:
