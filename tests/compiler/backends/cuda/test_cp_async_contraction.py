@@ -47,15 +47,15 @@ def copies(func) -> Counter:
     )
 
 
-@settings(max_examples=16, deadline=None, derandomize=True)
+@settings(max_examples=20, deadline=None, derandomize=True)
 @given(
     tile=st.sampled_from([(32, 32, 4, 4), (64, 32, 4, 2), (32, 64, 2, 4)]),
     bk=st.sampled_from([8, 16]),
-    stages=st.sampled_from([1, 2, 3, 4]),
-    double_buffer=st.sampled_from([0, 1]),
+    stages=st.sampled_from([1, 2, 3, 4, 3]),  # mostly staged
+    double_buffer=st.sampled_from([0, 0, 1]),
     vector=st.sampled_from([1, 2, 4]),
     layout=st.sampled_from(["nn", "tn", "nt"]),
-    tails=st.sampled_from([(4, 0), (5, 4), (4, 3), (1, 2)]),
+    tails=st.sampled_from([(4, 4), (5, 4), (4, 8), (1, 3)]),  # (M, N) past the tiles; N+3: misaligned
     pad_swizzle=st.sampled_from([(0, 0), (2, 0), (0, 1)]),
 )
 def test_every_legal_staged_config_computes_the_reference(
