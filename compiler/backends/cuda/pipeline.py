@@ -79,7 +79,7 @@ from compiler.loopir.visitor import (
 
 MAX_SLOTS = 64  # staged values per thread
 CP_ASYNC_STAGES = "cp_async_stages"  # loop annotation: shared stages of the cp.async ring
-CP_ASYNC_BYTES = (4, 8, 16)  # cp.async copy sizes
+CP_ASYNC_SIZES = (4, 8, 16)  # cp.async copy sizes (bytes)
 
 
 def double_buffer(s: Stmt) -> Stmt:
@@ -342,7 +342,7 @@ class _CpAsync(_Ranges):
                 f"cp.async pipeline: the store to {st.buffer.name} is not a plain copy of a global element"
             )
         size = dtypes.info(st.buffer.dtype).itemsize * lanes
-        if src.buffer.dtype != st.buffer.dtype or src.lanes != 1 or size not in CP_ASYNC_BYTES:
+        if src.buffer.dtype != st.buffer.dtype or src.lanes != 1 or size not in CP_ASYNC_SIZES:
             raise CompileError(
                 f"cp.async pipeline: {st.buffer.name} <- {src.buffer.name} ({src.buffer.dtype}) is not a "
                 f"copy of 4, 8 or 16 bytes of one element type"
@@ -376,7 +376,7 @@ class _CpAsync(_Ranges):
         slow = seq(*per_lane)
         first = self.copy(substitute_stmt(body, {loop.var: const(0, loop.var.dtype)}))  # type: ignore[arg-type]
         size = dtypes.info(body.buffer.dtype).itemsize * lanes
-        if lanes == 1 or size not in CP_ASYNC_BYTES or not self.consecutive(loop, body, lanes):
+        if lanes == 1 or size not in CP_ASYNC_SIZES or not self.consecutive(loop, body, lanes):
             return slow
         fast = Intrinsic(first.name, first.buffers, first.offsets, (const(True, "bool"), const(size)))
         if guard is None:

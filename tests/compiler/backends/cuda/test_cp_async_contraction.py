@@ -20,11 +20,15 @@ from compiler.backends.cuda.nvrtc import nvcc_check
 from compiler.backends.cuda.sketches.contraction import CudaContractionSketch
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
+from compiler.loopir import evaluate
 from compiler.loopir.expr import const
-from compiler.loopir.stmt import Barrier, For, Intrinsic, walk_stmts
+from compiler.loopir.interp import InterpError
+from compiler.loopir.stmt import Barrier, For, Intrinsic, seq, walk_stmts
 from compiler.loopir.visitor import post_order
+from compiler.reference import run_reference
 from compiler.target import Target
 from tests.compiler.backends.cuda.util import CUDA, PLAIN, check_group, groups_of, lowered, need_nvcc
+from tests.compiler.property_graphs import inputs_for
 
 SMALL = {**PLAIN, "bm": 32, "bn": 32, "bk": 8, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
 
@@ -122,13 +126,29 @@ def test_a_wait_that_leaves_the_current_tile_in_flight_is_caught():
         return None
 
     func.body = post_order(func.body, late)
-    from compiler.loopir import evaluate
-    from compiler.reference import run_reference
-    from tests.compiler.property_graphs import inputs_for
-
     ins = inputs_for(group)
     out = evaluate(func, ins)[0]
     assert not np.allclose(out, run_reference(group.subgraph, ins)[0], atol=1e-3)
+
+
+def test_the_interpreter_refuses_misaligned_vector_copies_and_a_missing_barrier():
+    group = gemm(64, 64, 40)
+    ins = inputs_for(group)
+    for vector, size in ((4, 16), (2, 8)):
+        func = lowered(group, {**SMALL, "stages": 2, "vector": vector})
+
+        def shifted(s, size=size):  # one float off the copy's alignment
+            if isinstance(s, Intrinsic) and s.name == "cp_async" and int(s.args[1].value) == size:
+                return Intrinsic(s.name, s.buffers, (s.offsets[0] + 1, s.offsets[1]), s.args)
+            return None
+
+        func.body = post_order(func.body, shifted)
+        with pytest.raises(InterpError, match=f"addresses are not {size}-byte aligned"):
+            evaluate(func, ins)
+    func = lowered(group, {**SMALL, "stages": 3})
+    func.body = post_order(func.body, lambda s: seq() if isinstance(s, Barrier) else None)
+    with pytest.raises(InterpError, match="data race"):
+        evaluate(func, ins)
 
 
 def test_check_names_the_stages_knob():
