@@ -20,8 +20,9 @@ an f16 / bf16 fragment register is two consecutive 16-bit elements, a tf32 one o
   offset of row ``r`` of 8x8 matrix ``j`` (8 consecutive b16 elements, 16-byte aligned); every lane
   receives register ``j`` = elements ``M_j[g][2t], M_j[g][2t+1]`` (``.trans``: ``M_j[2t][g], M_j[2t+1][g]``)
   into fragment elements ``offset + 2j, offset + 2j + 1``.
-* ``cp_async`` (buffers shared dst, global src; args ``valid``; ``cp.async.cg.shared.global`` of 16
-  bytes, ``src-size`` 0 when not valid): the thread's 16 bytes are read at issue and land in shared memory
+* ``cp_async`` (buffers shared dst, global src; args ``valid`` and optionally ``bytes``, 4, 8 or 16, default
+  16; ``cp.async.{cg,ca}.shared.global`` of that many bytes, ``src-size`` 0 when not valid; both addresses
+  aligned to the size): the thread's bytes are read at issue and land in shared memory
   at the ``cp_async_wait`` that completes their group (zeros when not valid); reading them earlier reads
   what was there before. ``cp_async_commit`` closes the open group; ``cp_async_wait`` (arg ``n``) lands
   every group but the ``n`` most recent. Both must be executed by every thread of the block (the sketch's
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
     from compiler.loopir.interp_simt import _Ctx
 
 WARP = 32
-CP_ASYNC_BYTES = 16
+CP_ASYNC_BYTES = 16  # the size of a cp_async without a bytes argument
+CP_ASYNC_SIZES = (4, 8, 16)
 
 
 # --------------------------------------------------------------------------- fragment layouts (PTX ISA)
@@ -244,7 +246,14 @@ def _shared_read(ctx: _Ctx, buf, start: np.ndarray, act: np.ndarray, width: int)
 
 def _cp_async(s: Intrinsic, offs: list[Fn], args: list[Fn]) -> Fn:
     dst_buf, src_buf = s.buffers
-    width = CP_ASYNC_BYTES // dtypes.info(dst_buf.dtype).itemsize
+    nbytes = int(getattr(s.args[1], "value", -1)) if len(s.args) > 1 else CP_ASYNC_BYTES
+    itemsize = dtypes.info(dst_buf.dtype).itemsize
+    if nbytes not in CP_ASYNC_SIZES or nbytes % itemsize:
+        raise _err(
+            f"cp_async copies 4, 8 or 16 bytes (a constant) of whole {dst_buf.dtype} elements, "
+            f"got {s.args[1:]}"
+        )
+    width = nbytes // itemsize
     if dst_buf.scope != "shared" or src_buf.scope != "global" or dst_buf.dtype != src_buf.dtype:
         raise _err(f"cp_async copies global to shared memory of one dtype: {dst_buf!r} <- {src_buf!r}")
 
@@ -259,7 +268,7 @@ def _cp_async(s: Intrinsic, offs: list[Fn], args: list[Fn]) -> Fn:
         _offsets(lambda c, a: os_, ctx, act, width, src.size, s, 1)
         if (od % width).any() or (os_ % width).any():
             j = int(np.argmax((od % width != 0) | (os_ % width != 0)))
-            raise _err(f"cp_async by thread {int(act[j])}: addresses are not 16-byte aligned")
+            raise _err(f"cp_async by thread {int(act[j])}: addresses are not {nbytes}-byte aligned")
         sh = ctx.shared[dst_buf.uid]
         flat = (od[:, None] + np.arange(width)).reshape(-1)
         who = np.repeat(act, width)

@@ -5,7 +5,8 @@ printer (``compiler.backends.cuda.codegen.CudaPrinter`` calls :func:`emit_intrin
   32-bit registers, two 16-bit elements each (element ``e`` is half ``e % 2`` of word ``e / 2``);
   float32 (TF32) fragments stay ``float`` arrays, passed to ``mma`` as their bits (``__float_as_uint``);
 * ``cp_async`` -> ``cp.async.cg.shared.global [dst], [src], 16, src_size`` (``src_size`` 0 zero-fills:
-  the predicate), ``cp_async_commit`` -> ``cp.async.commit_group``, ``cp_async_wait`` ->
+  the predicate); 4- and 8-byte copies (an optional second argument) use ``cp.async.ca`` (``.cg``, which
+  bypasses L1, takes only 16 bytes), ``cp_async_commit`` -> ``cp.async.commit_group``, ``cp_async_wait`` ->
   ``cp.async.wait_group N``;
 * ``ldmatrix`` -> ``ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16`` into fragment words;
 * ``mma_m16n8k16`` -> ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, ``mma_m16n8k16_bf16`` ->
@@ -73,9 +74,13 @@ def emit_intrinsic(p: CudaPrinter, s: Intrinsic) -> None:
     if s.name == "cp_async":
         dst, src = s.buffers
         valid = p.simplified(s.args[0])
-        size = "16" if isinstance(valid, Const) and valid.value else f"({p.top(valid)} ? 16 : 0)"
+        nbytes = int(s.args[1].value) if len(s.args) > 1 and isinstance(s.args[1], Const) else 16
+        if nbytes not in (4, 8, 16):
+            raise CompileError(f"cp_async copies 4, 8 or 16 bytes, not {nbytes}")
+        cache = "cg" if nbytes == 16 else "ca"
+        size = str(nbytes) if isinstance(valid, Const) and valid.value else f"({p.top(valid)} ? {nbytes} : 0)"
         p.line(
-            f'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: '
+            f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes}, %2;\\n" :: '
             f'"r"((unsigned)__cvta_generic_to_shared({_addr(p, dst, s.offsets[0])})), '
             f'"l"({_addr(p, src, s.offsets[1])}), "r"({size}) : "memory");'
         )

@@ -33,7 +33,8 @@ so every participating thread ends with the full result (an all-reduce): a local
 no broadcast. The extent ``E`` must be the block's x size, a power of two up to 32 or a multiple of 32;
 other thread axes (rows of a block on ``threadIdx.y``) index the shared buffer.
 
-:func:`finish` double-buffers annotated loops (``compiler.backends.cuda.pipeline``), guards stores to
+:func:`finish` double-buffers annotated loops or turns them into cp.async rings
+(``compiler.backends.cuda.pipeline``), guards stores to
 shared/global memory made outside a loop of a used thread axis (they run on thread 0 of that axis, as an
 extent-1 thread loop), inserts ``__syncthreads()`` between statements that communicate through shared memory
 (``compiler.backends.cuda.sync``: only at points all threads reach), and records the launch shape.
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import copy
 
-from compiler.backends.cuda.pipeline import double_buffer
+from compiler.backends.cuda.pipeline import cp_async_pipeline, double_buffer
 from compiler.backends.cuda.sync import insert_barriers, is_thread_axis
 from compiler.errors import CompileError
 from compiler.loopir import analysis as A
@@ -333,7 +334,8 @@ def _buffers_used(s: Stmt) -> set[int]:
 
 
 def finish(func: PrimFunc) -> PrimFunc:
-    """Pad the shared tiles ``func.attrs[SMEM_PAD]`` names (:func:`pad_shared`), double-buffer, guard
+    """Pad the shared tiles ``func.attrs[SMEM_PAD]`` names (:func:`pad_shared`), double-buffer or build the
+    cp.async rings, guard
     single-thread stores, insert barriers and record the launch shape of every kernel."""
     parts = []
     for part in kernel_parts(func.body):
@@ -343,6 +345,7 @@ def finish(func: PrimFunc) -> PrimFunc:
         part = pad_shared(part, func.attrs.get(SMEM_PAD, {}))
         part = swizzle_shared(part, func.attrs.get(SMEM_SWIZZLE, {}))
         part = double_buffer(part)
+        part = cp_async_pipeline(part)
         part = _GuardStores(dims).visit_stmt(part)
         part = insert_barriers(part, dims)
         parts.append(part)

@@ -6,7 +6,7 @@ the 16-bit floats (float16, bfloat16) into 16-, 8- or 4-byte accesses of 8, 4 or
 
 :func:`vectorize_accesses` looks at each run of consecutive stores. A group of loads of one global/shared
 buffer whose flat indices are ``base + 0 .. base + W-1`` (same symbolic terms, constants 0..W-1 apart)
-becomes one vector load when ``base`` is provably a multiple of W (``_aligned``: every term's coefficient
+becomes one vector load when ``base`` is provably a multiple of W (``aligned``: every term's coefficient
 or atom is divisible, including ``(W*c) % C`` with ``C % W == 0`` after ``lane_split`` moved the lane
 offset out of a modulo). Loads are hoisted to their first use and only from buffers the run does not store;
 stores are grouped when the buffer is neither read nor stored at indices of another form in the run, and
@@ -77,7 +77,7 @@ def _expand_loop(s: Stmt) -> Stmt | None:
     def copy(st: Stmt, k: int) -> Stmt:
         return substitute_stmt(st, {s.var: const(k, s.var.dtype)})
 
-    if isinstance(body, IfThenElse) and body.else_ is None and _linear_guard(body.cond, s.var):
+    if isinstance(body, IfThenElse) and body.else_ is None and linear_guard(body.cond, s.var):
         first, last = copy_expr(body.cond, s.var, 0), copy_expr(body.cond, s.var, s.extent - 1)
         fast = seq(*(copy(body.then, k) for k in range(s.extent)))
         slow = seq(*(copy(IfThenElse(body.cond, body.then), k) for k in range(s.extent)))
@@ -94,10 +94,10 @@ def copy_expr(e: Expr, var: Var, k: int) -> Expr:
     return substitute(e, {var: const(k, var.dtype)})
 
 
-def _linear_guard(e: Expr, var: Var) -> bool:
+def linear_guard(e: Expr, var: Var) -> bool:
     """A conjunction of comparisons, each linear (hence monotone) in ``var``."""
     if isinstance(e, Logical) and e.op == "and":
-        return _linear_guard(e.a, var) and _linear_guard(e.b, var)  # type: ignore[arg-type]
+        return linear_guard(e.a, var) and linear_guard(e.b, var)  # type: ignore[arg-type]
     if isinstance(e, Compare) and e.op in ("<", "<=", ">", ">="):
         return all(
             var not in free_vars(x) or simp.linear_coeff(x, var) is not None for x in (e.a, e.b)
@@ -126,15 +126,15 @@ def _divisible(e: Expr, d: int) -> bool:
     return False
 
 
-def lane_split(e: Expr, ranges: dict) -> Expr:
-    """``(A + r) % D -> A % D + r`` and ``(A + r) // D -> A // D`` when A is a multiple of g = gcd(D, 4)
-    and 0 <= r < g: the lane offset of a vector access leaves the modulo (broadcast reads)."""
+def lane_split(e: Expr, ranges: dict, width: int = 4) -> Expr:
+    """``(A + r) % D -> A % D + r`` and ``(A + r) // D -> A // D`` when A is a multiple of g = gcd(D,
+    width) and 0 <= r < g: the lane offset of a vector access leaves the modulo (broadcast reads)."""
     if not dtypes.is_int(e.dtype):
         return e
-    e = rebuild(e, [lane_split(c, ranges) for c in children(e)])
+    e = rebuild(e, [lane_split(c, ranges, width) for c in children(e)])
     if isinstance(e, Binary) and e.op in ("%", "//") and isinstance(e.b, Const) and int(e.b.value) > 0:
         dd = int(e.b.value)
-        g = math.gcd(dd, 4)
+        g = math.gcd(dd, width)
         if g > 1:
             aff = simp.to_affine(e.a, ranges)
             r = aff.const % g
@@ -291,7 +291,7 @@ class _AccessVectorizer(StmtMutator):
         for (uid, _), consts in cands.items():
             for width, _, members in _windows(consts, WIDTHS[dtype_of[uid]]):
                 _, flat0, ld0 = members[0]
-                if not _aligned(flat0, width, self.ranges):
+                if not aligned(flat0, width, self.ranges):
                     continue
                 var = Var("v", vector_dtype(ld0.buffer.dtype, width))
                 uid = ld0.buffer.uid
@@ -327,7 +327,7 @@ class _AccessVectorizer(StmtMutator):
                 continue
             for width, _, members in _windows(consts, WIDTHS[dtype_of[uid]]):
                 _, flat0, st0 = members[0]
-                if not _aligned(flat0, width, self.ranges):
+                if not aligned(flat0, width, self.ranges):
                     continue
                 g = _StoreGroup(width, st0.indices, [r for r, _, _ in members])
                 for r in g.order:
@@ -364,7 +364,7 @@ def _windows(consts: dict[int, T], widths: tuple[int, ...]) -> list[tuple[int, i
     return out
 
 
-def _aligned(flat: Expr, width: int, ranges: dict) -> bool:
+def aligned(flat: Expr, width: int, ranges: dict) -> bool:
     aff = simp.to_affine(flat, ranges)
     if aff.const % width:
         return False

@@ -3,8 +3,9 @@
 Knobs ``bm``, ``bn`` (block tile of C), ``bk`` (K slice staged in shared memory), ``tm``, ``tn``
 (register tile per thread), ``vector`` (width of the cooperative global loads), ``double_buffer``,
 ``min_blocks`` (occupancy: ``__launch_bounds__(threads, min_blocks)``), ``smem_pad`` (floats of padding
-per row of a transposed shared tile), ``group_m`` (grouped block order), ``warp_rows`` (warp tiling) and
-``swizzle`` (rotated 4-float chunks of a transposed shared tile, the alternative to ``smem_pad``).
+per row of a transposed shared tile), ``group_m`` (grouped block order), ``warp_rows`` (warp tiling),
+``swizzle`` (rotated 4-float chunks of a transposed shared tile, the alternative to ``smem_pad``) and
+``stages`` (a cp.async ring of shared tiles on sm_80+, the alternative to ``double_buffer``).
 The classic shared-memory SGEMM, written with the primitives::
 
     blockIdx.z  batch and outer M/N loops (fused)
@@ -49,6 +50,14 @@ Occupancy, bank conflicts, block order:
   cooperative stores become conflict-free (``transposed_store_conflicts(..., swizzle=s)``) while the
   register tile's float4 reads stay whole chunks. The loop IR has no XOR, so it is a rotation.
 
+* ``stages`` = S >= 2 (sm_80+; sketch version 4) replaces the register-staged double buffer by a ring of S
+  shared tiles filled with ``cp.async`` (``pipeline.cp_async_pipeline``): S-1 tiles in flight, one
+  ``cp.async.wait_group(S-2)`` + barrier per K step. A tile stored as the operand is laid out (B [k][n]
+  of a plain matmul) is copied ``vector`` floats (4, 8 or 16 bytes) per copy; a transposed tile (A
+  [m][k] stored [k][m]) one float (4 bytes) per copy, as CUTLASS's SIMT multistage kernels do. Legal
+  (``check``) on float32 tiles, when no tile is a double buffer, some operand is staged, and each vector
+  copy's global rows are a whole number of vectors (aligned addresses). Below sm_80 the knob is fixed to 1.
+
 Split-K is not built: partial sums across blocks need a global workspace (or atomics into a zeroed output)
 and the runtime passes a kernel only its group's buffers.
 
@@ -60,8 +69,12 @@ every SM a block (BERT's 128x768 projections: 32x32 tiles, 96 blocks, instead of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from compiler import dtypes
 from compiler.backends import group_analysis as G
 from compiler.backends.cuda.lower import SMEM_PAD, SMEM_SWIZZLE, SWIZZLE_CHUNK
+from compiler.backends.cuda.pipeline import CP_ASYNC_STAGES
 from compiler.backends.cuda.sketches.common import cooperative, localize, thread_per_element
 from compiler.backends.group_analysis import GemmView, gemm_view
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, prepare
@@ -77,6 +90,21 @@ SIMPLE_THREADS = 128
 THREADS_PER_SM = {"sm_86": 1536, "sm_87": 1536, "sm_89": 1536}  # others (sm_70/75/80/90): 2048
 BANKS = 32
 WARP = 32
+STAGES = (1, 2, 3, 4)  # 1: no cp.async ring (double_buffer decides)
+DEFAULT_STAGES = 3  # large GEMMs on sm_80+ (unmeasured: no GPU)
+
+
+def sm_version(target: Target) -> int:
+    """The compute capability of a CUDA target as a number (sm_90a -> 90; 0 when unknown)."""
+    try:
+        return int(target.arch.split("_")[1].rstrip("a")) if target.kind == "cuda" else 0
+    except (IndexError, ValueError):
+        return 0
+
+
+def cp_async_target(target: Target) -> bool:
+    """Whether the target has cp.async (sm_80 and newer)."""
+    return sm_version(target) >= 80
 
 
 def tile_cap(extent: int) -> int:
@@ -124,8 +152,11 @@ class CudaContractionSketch(Sketch):
     """Contraction groups on the GPU: shared-memory tiles of A and B, a register tile of C per thread."""
 
     name = "contraction"
-    version = 3
+    version = 4  # 3: warp_rows, swizzle; 4: stages (cp.async ring)
     kinds = ("contraction",)
+
+    def __init__(self) -> None:
+        self._staged: dict[str, list[StagedTile]] = {}
 
     def space(self, group: Group, target: Target) -> list[Knob]:
         return [
@@ -141,6 +172,11 @@ class CudaContractionSketch(Sketch):
             Knob("group_m", (1, 4, 8), "block rows per group of the grouped launch order"),
             Knob("warp_rows", (0, 2, 4, 8), "warp tile: 0 row-major threads, r: warps of r x 32/r threads"),
             Knob("swizzle", (0, 1, 2, 4), "4-float chunks a transposed shared row rotates per k group"),
+            Knob(
+                "stages",
+                STAGES if cp_async_target(target) else (1,),
+                "shared stages of a cp.async ring (sm_80+; 1: none, double_buffer decides)",
+            ),
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
@@ -157,11 +193,15 @@ class CudaContractionSketch(Sketch):
                 f"contraction: {threads} threads per block is outside [32, {target.max_threads_per_block}]"
             )
         pad = config["smem_pad"]
-        smem = (
-            (config["bm"] + config["bn"] + 2 * pad) * config["bk"] * 4 * (2 if config["double_buffer"] else 1)
-        )
+        copies = config["stages"] if config["stages"] > 1 else (2 if config["double_buffer"] else 1)
+        smem = (config["bm"] + config["bn"] + 2 * pad) * config["bk"] * 4 * copies
         if smem > target.max_shared_bytes_optin:
-            raise ScheduleError(f"contraction: {smem} bytes of shared memory exceed the device limit")
+            raise ScheduleError(
+                f"contraction: {smem} bytes of shared memory exceed the device limit"
+                + (f" (stages {config['stages']})" if config["stages"] > 1 else "")
+            )
+        if config["stages"] > 1:
+            self._check_stages(group, config, target)
         blocks = config["min_blocks"]
         if threads * blocks > threads_per_sm(target):
             raise ScheduleError(
@@ -189,9 +229,57 @@ class CudaContractionSketch(Sketch):
                     f"contraction: group_m {g} does not divide the {rows} block rows (M {m_ext})"
                 )
 
+    def staged_tiles(self, group: Group) -> list[StagedTile]:
+        """The operands the schedule stages in shared memory (memoized by workload key: ``check`` runs for
+        every sampled config)."""
+        key = group.workload_key
+        if key not in self._staged:
+            sch, blocks = prepare(group)
+            mm, _ = contraction_stages(sch, blocks)
+            view = gemm_view(sch, mm)
+            tiles = []
+            if view.m and view.n:
+                for operand, loop in ((view.a, view.m[-1]), (view.b, view.n[-1])):
+                    axes = _stage_axes(mm, operand, _iter_var(mm, loop))
+                    if axes is not None:
+                        tiles.append(StagedTile(operand.name, operand.shape, operand.dtype, *axes))
+            self._staged[key] = tiles
+        return self._staged[key]
+
+    def _check_stages(self, group: Group, config: Config, target: Target) -> None:
+        """``stages`` > 1 needs sm_80, no double buffer, and tiles cp.async can copy: float32 elements,
+        and 4/8/16-byte aligned vectors (each copy's global rows a whole number of ``vector`` floats)."""
+        s = config["stages"]
+        if not cp_async_target(target):
+            raise ScheduleError(f"contraction: stages {s} needs cp.async (sm_80 or newer), not {target.arch}")
+        if config["double_buffer"]:
+            raise ScheduleError(
+                f"contraction: stages {s} (a cp.async ring) and double_buffer 1 (register staging) are "
+                "alternatives: set one of them to its plain value (stages 1 or double_buffer 0)"
+            )
+        tiles = self.staged_tiles(group)
+        if not tiles:
+            raise ScheduleError(
+                f"contraction: stages {s} needs shared-memory tiles; {group.name} stages no operand "
+                "(conv2d and matrix-vector shapes read global memory)"
+            )
+        for t in tiles:
+            if dtypes.info(t.dtype).itemsize != 4:
+                raise ScheduleError(
+                    f"contraction: stages {s} copies float32 tiles (cp.async moves 4, 8 or 16 bytes); "
+                    f"{t.name} is {t.dtype}"
+                )
+            v = config["vector"]
+            if t.vector_copy and v > 1 and t.shape[-1] % v:
+                raise ScheduleError(
+                    f"contraction: stages {s} needs {4 * v}-byte aligned cp.async copies: the rows of "
+                    f"{t.name} ({t.shape[-1]} floats) are not a multiple of vector {v} "
+                    "(use vector 1 or stages 1)"
+                )
+
     def default(self, group: Group, target: Target) -> Config:
         m_ext, n_ext = G.anchor_extents(group)
-        extra = {"min_blocks": 1, "group_m": 1, "warp_rows": 0, "swizzle": 0}
+        extra = {"min_blocks": 1, "group_m": 1, "warp_rows": 0, "swizzle": 0, "stages": 1}
         if m_ext >= 512 and n_ext >= 512 and not G.is_conv(group):
             # large GEMMs: 128x128 block tiles, 8x8 per thread, prefetching double buffer
             # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90)
@@ -212,7 +300,17 @@ class CudaContractionSketch(Sketch):
                     break
         threads = (tile["bm"] // tile["tm"]) * (tile["bn"] // tile["tn"])
         pad = min((0, 4), key=lambda p: transposed_store_conflicts(tile["bm"], tile["bk"], 4, p, threads))
-        return {**tile, **extra, "smem_pad": pad}
+        config = {**tile, **extra, "smem_pad": pad}
+        if tile["double_buffer"] and cp_async_target(target):
+            # sm_80+: a 3-stage cp.async ring instead of the register double buffer when check allows it
+            # (float32 tiles, aligned rows, the shared memory of 3 stages); unmeasured (no GPU)
+            staged = {**config, "double_buffer": 0, "stages": DEFAULT_STAGES}
+            try:
+                self.check(group, staged, target)
+                config = staged
+            except ScheduleError:
+                pass
+        return config
 
     def build(self, group: Group, config: Config, target: Target) -> Schedule:
         self.check(group, config, target)
@@ -297,10 +395,29 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
             group = _copy_k_group(operand, d_k, config["vector"], bk)
             sch.func.attrs.setdefault(SMEM_SWIZZLE, {})[cache.name] = (group, config["swizzle"])
         cooperative(sch, copy, ko, threads_y, threads_x, config["vector"])
-    if staged and config["double_buffer"]:
+    if staged and config["stages"] > 1:
+        ko.annotations[CP_ASYNC_STAGES] = config["stages"]  # lowered by compiler.backends.cuda.pipeline
+    elif staged and config["double_buffer"]:
         ko.annotations["double_buffer"] = 1  # lowered by compiler.backends.cuda.lower
     sch.reverse_compute_at(epi, nb)
     _bind_epilogue(sch, mm, epi, acc, m_iv, n_iv, ny, nx, tm, tn, warp)
+
+
+@dataclass(frozen=True)
+class StagedTile:
+    """An operand the schedule copies into shared memory: its axes indexed by M/N (``d_mn``) and K."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    d_mn: int
+    d_k: int
+
+    @property
+    def vector_copy(self) -> bool:
+        """The copy's vector lanes are consecutive in both memories (the tile keeps the operand's layout,
+        M/N innermost); otherwise the copy moves one element at a time."""
+        return self.d_mn == len(self.shape) - 1 and self.d_k < self.d_mn
 
 
 def _copy_k_group(operand: Buffer, d_k: int, vector: int, bk: int) -> int:

@@ -29,7 +29,7 @@ def need_nvcc() -> None:
 
 
 # contraction knobs left at their plain values
-PLAIN = {"min_blocks": 1, "smem_pad": 0, "group_m": 1, "warp_rows": 0, "swizzle": 0}
+PLAIN = {"min_blocks": 1, "smem_pad": 0, "group_m": 1, "warp_rows": 0, "swizzle": 0, "stages": 1}
 
 
 def lowered(group: Group, config: dict | None = None) -> PrimFunc:
