@@ -31,6 +31,7 @@ from compiler.canonical import canonical_hash
 from compiler.errors import KilnError
 from compiler.graph import Graph, Node, Value
 from compiler.ops import PatternKind, get_op
+from compiler.target import Target
 
 WORKLOAD_VERSION = 1
 CONTRACTIONS = {"matmul", "batch_matmul", "conv2d"}
@@ -121,32 +122,33 @@ def recompute_edges(graph: Graph) -> list[FusionEdge]:
     ]
 
 
-def split_k_edges(graph: Graph, sm_count: int | None) -> list[FusionEdge]:
-    """One edge per ``matmul`` that split-K would split on a GPU of ``sm_count`` SMs
-    (:mod:`compiler.passes.split_k`: few output tiles, S > 1): on, it becomes S partial GEMMs and a
-    reduce_sum. Producer = consumer = the matmul; id ``s<n>``; on in the rules' plan. None (a CPU target):
-    no edges."""
+def split_k_edges(graph: Graph, target: Target | None) -> list[FusionEdge]:
+    """One edge per ``matmul`` that split-K would split on ``target``, a CUDA target
+    (:mod:`compiler.passes.split_k`: few output tiles for its SMs, S > 1): on, it becomes S partial GEMMs and
+    a reduce_sum. Producer = consumer = the matmul; id ``s<n>``; on in the rules' plan for a float32 GEMM
+    without TF32 (:func:`~compiler.passes.split_k.split_by_default`). None or a CPU target: no edges."""
+    sm_count = target.sm_count if target is not None else None
     if not sm_count:
         return []
-    from compiler.passes.split_k import node_split_factor
+    from compiler.passes.split_k import node_split_factor, split_by_default
 
     numbers = _canonical_numbers(graph)
     return [
-        FusionEdge(f"s{numbers[id(n)]}", n, n, True, "split_k")
+        FusionEdge(f"s{numbers[id(n)]}", n, n, split_by_default(n, target), "split_k")
         for n in sorted((n for n in graph.nodes if id(n) in numbers), key=lambda n: numbers[id(n)])
         if node_split_factor(n, sm_count) > 1
     ]
 
 
-def rewrite_edges(graph: Graph, sm_count: int | None = None) -> list[FusionEdge]:
-    """The edges that rewrite the graph when on: horizontal, recompute and (with ``sm_count``) split-K."""
-    return horizontal_edges(graph) + recompute_edges(graph) + split_k_edges(graph, sm_count)
+def rewrite_edges(graph: Graph, target: Target | None = None) -> list[FusionEdge]:
+    """The edges that rewrite the graph when on: horizontal, recompute and (on a CUDA ``target``) split-K."""
+    return horizontal_edges(graph) + recompute_edges(graph) + split_k_edges(graph, target)
 
 
-def all_edges(graph: Graph, sm_count: int | None = None) -> list[FusionEdge]:
+def all_edges(graph: Graph, target: Target | None = None) -> list[FusionEdge]:
     """The producer -> consumer edges (:func:`fusion_edges`), the horizontal and the recompute ones, and on a
-    GPU of ``sm_count`` SMs the split-K ones."""
-    return fusion_edges(graph) + rewrite_edges(graph, sm_count)
+    CUDA ``target`` the split-K ones."""
+    return fusion_edges(graph) + rewrite_edges(graph, target)
 
 
 def _edge_rule(p: Node, c: Node) -> str | None:
@@ -170,8 +172,8 @@ def _edge_rule(p: Node, c: Node) -> str | None:
     return None
 
 
-def default_plan(graph: Graph, sm_count: int | None = None) -> FusionPlan:
-    return {e.id: e.default for e in all_edges(graph, sm_count)}
+def default_plan(graph: Graph, target: Target | None = None) -> FusionPlan:
+    return {e.id: e.default for e in all_edges(graph, target)}
 
 
 # ------------------------------------------------------------------ groups
@@ -375,12 +377,12 @@ def _downstream(starts: list[Node], nodes: list[Node], inside: set[int]) -> list
     return out
 
 
-def fuse(graph: Graph, plan: FusionPlan | None = None, sm_count: int | None = None) -> FusedGraph:
+def fuse(graph: Graph, plan: FusionPlan | None = None, target: Target | None = None) -> FusedGraph:
     """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults.
-    ``sm_count``: a CUDA target's SM count (``Target.sm_count``), which gives the graph its split-K edges;
-    None for a CPU target (no split-K edges)."""
+    ``target``: a CUDA target gives the graph its split-K edges (from its ``sm_count``); a CPU target or
+    None, none."""
     edges = fusion_edges(graph)
-    rewrites = rewrite_edges(graph, sm_count)
+    rewrites = rewrite_edges(graph, target)
     decisions = {e.id: e.default for e in edges + rewrites}
     if plan:
         unknown = sorted(set(plan) - set(decisions))
@@ -392,13 +394,13 @@ def fuse(graph: Graph, plan: FusionPlan | None = None, sm_count: int | None = No
         decisions.update(plan)
     on = [e for e in rewrites if decisions[e.id]]
     if on:
-        return _fuse_rewritten(graph, edges + rewrites, decisions, on, sm_count)
+        return _fuse_rewritten(graph, edges + rewrites, decisions, on, target)
     groups, rejected = _fuse_edges(graph, edges, decisions)
     return FusedGraph(graph, groups, edges + rewrites, decisions, rejected)
 
 
 def _fuse_rewritten(
-    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan, on: list[FusionEdge], sm_count: int | None
+    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan, on: list[FusionEdge], target: Target | None
 ) -> FusedGraph:
     """Rewrite the graph as the plan's horizontal, recompute and split-K edges ask
     (:mod:`compiler.plan_rewrite`), then fuse it with the plan's producer -> consumer decisions carried over
@@ -413,7 +415,8 @@ def _fuse_rewritten(
     sets = [s for s in sibling_sets(graph, numbers) if s.id in wanted]
     recompute = [e.producer for e in on if e.rule == "recompute"]
     split = [e.producer for e in on if e.rule == "split_k"]
-    merged, origin, copies = rewrite_for_plan(graph, sets, recompute, split, sm_count or 0)
+    sm_count = (target.sm_count if target is not None else None) or 0
+    merged, origin, copies = rewrite_for_plan(graph, sets, recompute, split, sm_count)
     split_ids = {id(n) for n in split}
     # a copy joins its reader first (else its producer's chain could pull it back into the first reader's
     # group, which would then write the copy out: materialized again)
@@ -577,7 +580,7 @@ class Region:
     local_ids: dict[str, str]  # whole-graph edge id -> region-local id
     key: str
     fixed: dict[str, str] = field(default_factory=dict)  # whole-graph edge id -> why it is not offered
-    sm_count: int | None = None  # the CUDA target's SMs the region's split-K edges were decided for
+    target: Target | None = None  # what the region's split-K edges were decided for (a CUDA target)
 
     @property
     def global_ids(self) -> dict[str, str]:
@@ -661,7 +664,7 @@ def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
 
 
 def regions(
-    graph: Graph, has_sketch: Callable[[Group], bool] | None = None, sm_count: int | None = None
+    graph: Graph, has_sketch: Callable[[Group], bool] | None = None, target: Target | None = None
 ) -> list[Region]:
     """The regions of ``graph`` (decomposed and optimized) that have optional fusion edges.
 
@@ -669,11 +672,10 @@ def regions(
     the flipped plan has a sketch (``has_sketch(group)``, e.g. the target backend's; default: any group).
     Edges that only bring a broadcast/layout of a weight into its consumer stay fused (the unfused form is
     a copy of the weight, never faster), and so do edges whose flip changes nothing (a merge the rules
-    reject for a cycle or an illegal group either way). ``sm_count`` (a CUDA target's) adds the split-K
-    edges."""
-    edges = all_edges(graph, sm_count)
+    reject for a cycle or an illegal group either way). A CUDA ``target`` adds the split-K edges."""
+    edges = all_edges(graph, target)
     rule = {e.id: e.default for e in edges}
-    base = _partition(fuse(graph, sm_count=sm_count))
+    base = _partition(fuse(graph, target=target))
     optional: list[FusionEdge] = []
     fixed: dict[str, str] = {}
     for e in edges:
@@ -683,7 +685,7 @@ def regions(
         ):
             fixed[e.id] = PARAM_LAYOUT
             continue
-        flipped = fuse(graph, {**rule, e.id: not e.default}, sm_count)
+        flipped = fuse(graph, {**rule, e.id: not e.default}, target)
         if _partition(flipped) == base:
             fixed[e.id] = "flipping it alone changes no group"
             continue
@@ -705,7 +707,7 @@ def regions(
             fusion_edges(sub)
             + horizontal_edges(sub, const_values.__contains__)
             + recompute_edges(sub)
-            + split_k_edges(sub, sm_count)
+            + split_k_edges(sub, target)
         )
         sub_edges = {(_edge_kind(e), id(e.producer), id(e.consumer)): e.id for e in sub_all}
         local_ids = {}
@@ -724,5 +726,5 @@ def regions(
             "const_inputs": [i for i, c in enumerate(const) if c],
         }
         region_fixed = {e.id: fixed[e.id] for e in edges if id(e.producer) in ids and e.id in fixed}
-        out.append(Region(len(out), members, mine, local_ids, canonical_hash(data), region_fixed, sm_count))
+        out.append(Region(len(out), members, mine, local_ids, canonical_hash(data), region_fixed, target))
     return out

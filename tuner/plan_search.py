@@ -65,14 +65,14 @@ def target_regions(graph: Graph, target: Target) -> list[Region]:
             return False
         return True
 
-    return regions(graph, has_sketch, target.sm_count)
+    return regions(graph, has_sketch, target)
 
 
 def plan_problem(graph: Graph, plan: FusionPlan, target: Target) -> str | None:
     """Why ``target``'s backend cannot compile ``graph`` (optimized) under ``plan`` (whole-graph edge ids):
     a group that no sketch of the backend schedules; None when every group has one."""
     backend = get_backend(target)
-    for group in fuse(graph, plan, target.sm_count).groups:
+    for group in fuse(graph, plan, target).groups:
         if group.is_view:
             continue
         try:
@@ -84,7 +84,7 @@ def plan_problem(graph: Graph, plan: FusionPlan, target: Target) -> str | None:
 
 def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[Group]:
     """The groups holding the region's nodes when the region follows ``local_plan`` (other edges: rules)."""
-    fused = fuse(graph, region.to_global(local_plan), region.sm_count)
+    fused = fuse(graph, region.to_global(local_plan), region.target)
     mine = {id(n) for n in region.nodes}
     return [g for g in fused.groups if any(id(fused.source(n)) in mine for n in g.nodes)]
 

@@ -54,7 +54,7 @@ def extract_tasks(graph: Graph, target: Target | str, plan: FusionPlan | None = 
     Groups that are only views (aliased reshapes) have nothing to tune. ``plan`` is a fusion plan of the
     optimized graph (whole-graph edge ids), None for the rules'."""
     target = Target.parse(target)
-    return tasks_of_groups(fuse(optimize(graph), plan, target.sm_count).groups, target)
+    return tasks_of_groups(fuse(optimize(graph), plan, target).groups, target)
 
 
 def tasks_of_groups(groups: Iterable[Group], target: Target | str) -> list[Task]:

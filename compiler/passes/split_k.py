@@ -26,6 +26,7 @@ import math
 from compiler.builder import GraphBuilder
 from compiler.graph import Graph, Node, Value
 from compiler.passes.rewrite import rewrite
+from compiler.target import Target
 
 BLOCK_TILE = 128  # the CUDA contraction sketch's default block tile (bm = bn)
 MIN_K_PER_SPLIT = 256  # each partial GEMM keeps at least this many K steps
@@ -53,6 +54,14 @@ def _splittable(node: Node) -> bool:
         return False
     a, b = node.inputs
     return len(a.shape) >= 2 and len(b.shape) == 2 and not node.attrs.get("transpose_a")
+
+
+def split_by_default(node: Node, target: Target) -> bool:
+    """Whether the rules split ``node`` (a matmul :func:`node_split_factor` splits) on ``target``: only a
+    float32 GEMM without TF32. A float16/bfloat16 (or TF32) GEMM runs on tensor cores whole, while its
+    split partials (a batch_matmul reading a transposed view of A) fall back to the SIMT sketch and are
+    rounded to 16 bits before the sum: the plan search may still try the split."""
+    return node.inputs[0].dtype == "float32" and not target.tf32
 
 
 def gemm_shape(a: Value, w: Value, transpose_b: bool) -> tuple[int, int, int]:

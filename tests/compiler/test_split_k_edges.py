@@ -22,13 +22,13 @@ CUDA = Target.cuda()
 RNG = np.random.default_rng(0)
 
 
-def projection(m: int, k: int, n: int):
+def projection(m: int, k: int, n: int, dtype=np.float32):
     """x [1, M, K] @ w [N, K]^T + bias, GELU (BERT's FFN layout)."""
     b = GraphBuilder("proj")
-    x = b.input("x", (1, m, k))
-    w = b.param("w", RNG.standard_normal((n, k)).astype(np.float32))
+    x = b.input("x", (1, m, k), np.dtype(dtype).name)
+    w = b.param("w", RNG.standard_normal((n, k)).astype(dtype))
     y = b.matmul(x, w, transpose_b=True)
-    y = b.gelu(b.add(y, b.param("bias", RNG.standard_normal((n,)).astype(np.float32))))
+    y = b.gelu(b.add(y, b.param("bias", RNG.standard_normal((n,)).astype(dtype))))
     return optimize(b.build([y]))
 
 
@@ -44,8 +44,8 @@ def qkv(m: int, k: int, n: int):
     return optimize(b.build([b.add(b.add(outs[0], outs[1]), outs[2])]))
 
 
-def split_edges(graph, sm_count):
-    return [e for e in all_edges(graph, sm_count) if e.rule == "split_k"]
+def split_edges(graph, target):
+    return [e for e in all_edges(graph, target) if e.rule == "split_k"]
 
 
 def check(graph, fused) -> None:
@@ -56,20 +56,20 @@ def check(graph, fused) -> None:
 
 def test_a_small_m_gemm_has_a_split_edge_on_cuda_only():
     g = projection(128, 3072, 768)  # BERT's FFN-down: 6 tiles of 128x128 on 132 SMs
-    (edge,) = split_edges(g, CUDA.sm_count)
+    (edge,) = split_edges(g, CUDA)
     assert edge.id.startswith("s") and edge.producer.op == "matmul" and edge.default is True
-    assert split_edges(g, None) == [] and Target.host().sm_count is None
+    assert split_edges(g, None) == split_edges(g, Target.host()) == [] and Target.host().sm_count is None
     cpu = [e for r in target_regions(g, Target.host()) for e in r.edges]
     assert all(e.rule != "split_k" for e in cpu)
     (region,) = target_regions(g, CUDA)
     assert region.rule_plan()[region.local_ids[edge.id]] is True  # offered to the plan search, on
-    assert split_edges(projection(2048, 3072, 768), CUDA.sm_count) == []  # 96 tiles: left alone
-    assert split_edges(g, 11) == []  # 6 tiles fill more than half of an 11-SM GPU
+    assert split_edges(projection(2048, 3072, 768), CUDA) == []  # 96 tiles: left alone
+    assert split_edges(g, Target.cuda(sms=11)) == []  # 6 tiles fill more than half of an 11-SM GPU
 
 
 def test_the_rules_split_on_cuda_and_the_plan_can_keep_the_gemm_whole():
     g = projection(8, 1024, 16)
-    (edge,) = split_edges(g, CUDA.sm_count)
+    (edge,) = split_edges(g, CUDA)
     s = split_factor(8, 16, 1024, CUDA.sm_count)
     plan = plan_model(g, CUDA)  # the rules' plan: split
     kinds = [(grp.kind, [n.op for n in grp.nodes]) for grp in plan.fused.groups if not grp.is_view]
@@ -84,9 +84,21 @@ def test_the_rules_split_on_cuda_and_the_plan_can_keep_the_gemm_whole():
     assert whole.fused.decisions[edge.id] is False and plan.fused.decisions[edge.id] is True
 
 
+def test_the_rules_keep_tensor_core_gemms_whole():
+    """float16 (and float32 on a TF32 target) GEMMs run on tensor cores whole; their split partials would
+    not: the edge is offered but off in the rules' plan."""
+    g16 = projection(8, 1024, 16, np.float16)
+    (edge,) = split_edges(g16, CUDA)
+    assert edge.default is False
+    assert "batch_matmul" not in [n.op for n in plan_model(g16, CUDA).graph.nodes]
+    assert [e.default for e in split_edges(projection(8, 1024, 16), CUDA.with_tf32())] == [False]
+    split = plan_model(g16, CUDA, plan={edge.id: True})  # the search may still try it
+    assert [g.kind for g in split.fused.groups if not g.is_view] == ["contraction", "reduction"]
+
+
 def test_a_cpu_plan_naming_a_split_edge_is_refused():
     g = projection(8, 1024, 16)
-    (edge,) = split_edges(g, CUDA.sm_count)
+    (edge,) = split_edges(g, CUDA)
     with pytest.raises(KilnError, match=edge.id):
         fuse(g, {edge.id: True})
 
@@ -94,19 +106,19 @@ def test_a_cpu_plan_naming_a_split_edge_is_refused():
 @pytest.mark.parametrize("split", ["all", "one", "none"])
 def test_split_with_the_horizontal_merge_computes_the_reference(split):
     g = qkv(8, 512, 16)
-    rule = default_plan(g, CUDA.sm_count)
+    rule = default_plan(g, CUDA)
     (h,) = [k for k in rule if k.startswith("h")]
     splits = sorted(k for k in rule if k.startswith("s"))
     assert len(splits) == 3 and all(rule[k] for k in splits)
     plan = {**rule, h: True}
     if split != "all":
         plan.update({k: False for k in (splits[:1] if split == "one" else splits)})
-    fused = fuse(g, plan, CUDA.sm_count)
+    fused = fuse(g, plan, CUDA)
     ops = [n.op for n in fused.graph.nodes]
     assert ops.count("matmul") + ops.count("batch_matmul") == 1  # one merged GEMM
     assert ("batch_matmul" in ops) == (split == "all")  # split only when every sibling's edge is on
     check(g, fused)
     # vertical: the three splits without the merge, each GEMM its own partials
-    alone = fuse(g, rule, CUDA.sm_count)
+    alone = fuse(g, rule, CUDA)
     assert [n.op for n in alone.graph.nodes].count("batch_matmul") == 3
     check(g, alone)

@@ -41,7 +41,7 @@ def _groups_of(graph, args):
     g = optimize(graph)
     target = Target.parse(args.target)
     if getattr(args, "db", None) is None:
-        return fuse(g, sm_count=target.sm_count), []
+        return fuse(g, target=target), []
     from tuner.commands.common import open_database
     from tuner.plan_search import database_plan
 
@@ -57,7 +57,7 @@ def _groups_of(graph, args):
         head.append(f"fusion plan of region {line['region']} [{line['region_key'][:12]}]: {what}")
     if not report.lines:
         head.append("no stored fusion plan for this model's regions: the rules' groups")
-    return fuse(g, report.plan or None, target.sm_count), [*head, ""]
+    return fuse(g, report.plan or None, target), [*head, ""]
 
 
 @stage("groups")

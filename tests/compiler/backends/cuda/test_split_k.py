@@ -1,7 +1,8 @@
 """Split-K on CUDA: the groups ``plan_model`` makes for a BERT-like projection (bias + GELU epilogue) under
 the rules' plan, whose split-K edge is on for a small M (``s<n>``, compiler/fusion.py), are the batch_matmul
 partials and the reduce_sum carrying the epilogue; each is built by the default sketches, matches the numpy
-reference in the SIMT interpreter, and the two kernels compile with nvcc for sm_80 and sm_90."""
+reference in the SIMT interpreter, and the two kernels compile with nvcc for sm_80 and sm_90; a split model
+runs end to end on the fake GPU (CuPy stand-in running kernels in the interpreter)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import pytest
 
 from compiler.backends.cuda.codegen import generate_cuda
 from compiler.backends.cuda.nvrtc import nvcc_check
+from compiler.build import compile as kiln_compile
 from compiler.build import plan_model
 from compiler.builder import GraphBuilder
+from compiler.reference import random_inputs, run_reference
 from compiler.target import Target
+from tests.compiler.backends.cuda.test_cuda_executor import fake_gpu, register  # noqa: F401 (fixture)
 from tests.compiler.backends.cuda.util import CUDA, check_group, need_nvcc
 
 RNG = np.random.default_rng(0)
@@ -55,3 +59,22 @@ def test_split_bert_projection_compiles_with_nvcc(arch):
     for name, r in res.items():
         print(f"{arch} {name}: {r}")
         assert r.spill_stores == 0, name
+
+
+@pytest.mark.usefixtures("fake_gpu")
+def test_a_split_model_runs_end_to_end_on_the_fake_gpu():
+    """compile(..., "cuda") on a 4-SM device splits a 6x16x1024 GEMM (one tile) into 4 partials; the
+    CudaCompiledModel (memory plan with the [4, 6, 16] partials, launches) runs it in the SIMT interpreter
+    and matches the reference; with the edge off it is one kernel."""
+    b = GraphBuilder("small_m")
+    x = b.input("x", (6, 1024))
+    w = b.param("w", RNG.standard_normal((1024, 16)).astype(np.float32) / 32)
+    graph = b.build([b.relu(b.matmul(x, w))])
+    model = kiln_compile(graph, "cuda")
+    assert model.target.sm_count == 4
+    assert [launch.kernel for launch in model.launches] == ["g0_batch_matmul", "g1_reduce_sum"]
+    register(graph, model.target)
+    inputs = random_inputs(graph, seed=0)
+    (out,), (ref,) = model.run(inputs), run_reference(graph, inputs)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert len(kiln_compile(graph, "cuda", plan={"s0": False}).launches) == 1
