@@ -12,9 +12,10 @@ Deterministic: no atomics, no workspace beyond the [S, M, N] partials, which the
 like any intermediate. This needs no runtime change.
 
 Where the split is chosen: on CUDA each matmul that :func:`split_factor` would split (S > 1) is a fusion-plan
-edge (:func:`compiler.fusion.split_k_edges`, rule ``split_k``, id ``s<n>``), on in the rules' plan; the plan
-search may turn it off, and ``compiler.plan_rewrite`` rewrites the graph with :func:`emit_split` as the plan
-says. CPU targets have no such edges. :func:`split_k` applies the rule to a whole graph on its own.
+edge (:func:`compiler.fusion.split_k_edges`, rule ``split_k``, id ``s<n>``), on in the rules' plan for a
+float32 GEMM without TF32 (:func:`split_by_default`); the plan search may flip it, and
+``compiler.plan_rewrite`` rewrites the graph with :func:`emit_split` as the plan says. CPU targets have no
+such edges. :func:`split_k` applies the size rule to a whole graph on its own (any dtype).
 Rewritten: ``matmul`` of A [..., M, K] by B [K, N] or, with ``transpose_b``, B [N, K] (torch's linear
 layout; B is then viewed [N, S, K/S] and transposed to [S, N, K/S]); A with ``transpose_a`` is left alone.
 """
