@@ -119,7 +119,7 @@ def plan_model(
     graph = load_model(model) if isinstance(model, str) else model
     target = Target.parse(target)
     g = optimize(graph)
-    fused = fuse(g, plan)
+    fused = fuse(g, plan, target)
     kernels: list[KernelPlan] = []
     views: list[Group] = []
     for group in fused.groups:

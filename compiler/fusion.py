@@ -31,6 +31,7 @@ from compiler.canonical import canonical_hash
 from compiler.errors import KilnError
 from compiler.graph import Graph, Node, Value
 from compiler.ops import PatternKind, get_op
+from compiler.target import Target
 
 WORKLOAD_VERSION = 1
 CONTRACTIONS = {"matmul", "batch_matmul", "conv2d"}
@@ -121,9 +122,33 @@ def recompute_edges(graph: Graph) -> list[FusionEdge]:
     ]
 
 
-def all_edges(graph: Graph) -> list[FusionEdge]:
-    """The producer -> consumer edges (:func:`fusion_edges`), the horizontal and the recompute ones."""
-    return fusion_edges(graph) + horizontal_edges(graph) + recompute_edges(graph)
+def split_k_edges(graph: Graph, target: Target | None) -> list[FusionEdge]:
+    """One edge per ``matmul`` that split-K would split on ``target``, a CUDA target
+    (:mod:`compiler.passes.split_k`: few output tiles for its SMs, S > 1): on, it becomes S partial GEMMs and
+    a reduce_sum. Producer = consumer = the matmul; id ``s<n>``; on in the rules' plan for a float32 GEMM
+    without TF32 (:func:`~compiler.passes.split_k.split_by_default`). None or a CPU target: no edges."""
+    sm_count = target.sm_count if target is not None else None
+    if not sm_count:
+        return []
+    from compiler.passes.split_k import node_split_factor, split_by_default
+
+    numbers = _canonical_numbers(graph)
+    return [
+        FusionEdge(f"s{numbers[id(n)]}", n, n, split_by_default(n, target), "split_k")
+        for n in sorted((n for n in graph.nodes if id(n) in numbers), key=lambda n: numbers[id(n)])
+        if node_split_factor(n, sm_count) > 1
+    ]
+
+
+def rewrite_edges(graph: Graph, target: Target | None = None) -> list[FusionEdge]:
+    """The edges that rewrite the graph when on: horizontal, recompute and (on a CUDA ``target``) split-K."""
+    return horizontal_edges(graph) + recompute_edges(graph) + split_k_edges(graph, target)
+
+
+def all_edges(graph: Graph, target: Target | None = None) -> list[FusionEdge]:
+    """The producer -> consumer edges (:func:`fusion_edges`), the horizontal and the recompute ones, and on a
+    CUDA ``target`` the split-K ones."""
+    return fusion_edges(graph) + rewrite_edges(graph, target)
 
 
 def _edge_rule(p: Node, c: Node) -> str | None:
@@ -147,8 +172,8 @@ def _edge_rule(p: Node, c: Node) -> str | None:
     return None
 
 
-def default_plan(graph: Graph) -> FusionPlan:
-    return {e.id: e.default for e in all_edges(graph)}
+def default_plan(graph: Graph, target: Target | None = None) -> FusionPlan:
+    return {e.id: e.default for e in all_edges(graph, target)}
 
 
 # ------------------------------------------------------------------ groups
@@ -352,10 +377,12 @@ def _downstream(starts: list[Node], nodes: list[Node], inside: set[int]) -> list
     return out
 
 
-def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
-    """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults."""
+def fuse(graph: Graph, plan: FusionPlan | None = None, target: Target | None = None) -> FusedGraph:
+    """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults.
+    ``target``: a CUDA target gives the graph its split-K edges (from its ``sm_count``); a CPU target or
+    None, none."""
     edges = fusion_edges(graph)
-    rewrites = horizontal_edges(graph) + recompute_edges(graph)
+    rewrites = rewrite_edges(graph, target)
     decisions = {e.id: e.default for e in edges + rewrites}
     if plan:
         unknown = sorted(set(plan) - set(decisions))
@@ -367,17 +394,19 @@ def fuse(graph: Graph, plan: FusionPlan | None = None) -> FusedGraph:
         decisions.update(plan)
     on = [e for e in rewrites if decisions[e.id]]
     if on:
-        return _fuse_rewritten(graph, edges + rewrites, decisions, on)
+        return _fuse_rewritten(graph, edges + rewrites, decisions, on, target)
     groups, rejected = _fuse_edges(graph, edges, decisions)
     return FusedGraph(graph, groups, edges + rewrites, decisions, rejected)
 
 
 def _fuse_rewritten(
-    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan, on: list[FusionEdge]
+    graph: Graph, edges: list[FusionEdge], decisions: FusionPlan, on: list[FusionEdge], target: Target | None
 ) -> FusedGraph:
-    """Rewrite the graph as the plan's horizontal and recompute edges ask (:mod:`compiler.plan_rewrite`),
-    then fuse it with the plan's producer -> consumer decisions carried over to the new graph's edges (a
-    producer's copy takes the decision of the producer's edge to the same consumer)."""
+    """Rewrite the graph as the plan's horizontal, recompute and split-K edges ask
+    (:mod:`compiler.plan_rewrite`), then fuse it with the plan's producer -> consumer decisions carried over
+    to the new graph's edges (a producer's copy takes the decision of the producer's edge to the same
+    consumer; an edge from outside into a split matmul's new nodes with no such edge before stays off: the
+    split GEMM reads A as the matmul did)."""
     from compiler.horizontal import sibling_sets
     from compiler.plan_rewrite import rewrite_for_plan
 
@@ -385,7 +414,10 @@ def _fuse_rewritten(
     wanted = {e.id for e in on}
     sets = [s for s in sibling_sets(graph, numbers) if s.id in wanted]
     recompute = [e.producer for e in on if e.rule == "recompute"]
-    merged, origin, copies = rewrite_for_plan(graph, sets, recompute)
+    split = [e.producer for e in on if e.rule == "split_k"]
+    sm_count = (target.sm_count if target is not None else None) or 0
+    merged, origin, copies = rewrite_for_plan(graph, sets, recompute, split, sm_count)
+    split_ids = {id(n) for n in split}
     # a copy joins its reader first (else its producer's chain could pull it back into the first reader's
     # group, which would then write the copy out: materialized again)
     new_edges = sorted(fusion_edges(merged), key=lambda e: id(e.producer) not in copies)
@@ -398,6 +430,8 @@ def _fuse_rewritten(
         if old is not None and old in decisions:
             new_decisions[e.id] = decisions[old]
             to_old[e.id] = old
+        elif c is not None and id(c) in split_ids and p is not c:
+            new_decisions[e.id] = False
         else:
             new_decisions[e.id] = e.default
     groups, rejected = _fuse_edges(merged, new_edges, new_decisions)
@@ -546,6 +580,7 @@ class Region:
     local_ids: dict[str, str]  # whole-graph edge id -> region-local id
     key: str
     fixed: dict[str, str] = field(default_factory=dict)  # whole-graph edge id -> why it is not offered
+    target: Target | None = None  # what the region's split-K edges were decided for (a CUDA target)
 
     @property
     def global_ids(self) -> dict[str, str]:
@@ -620,7 +655,7 @@ def _region_subgraph(graph: Graph, members: list[Node]) -> tuple[Graph, dict[int
 
 def _edge_kind(e: FusionEdge) -> str:
     """A recompute edge can join the same two nodes as a producer -> consumer edge."""
-    return e.rule if e.rule in ("horizontal", "recompute") else "edge"
+    return e.rule if e.rule in ("horizontal", "recompute", "split_k") else "edge"
 
 
 def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
@@ -628,17 +663,19 @@ def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
     return frozenset(frozenset(id(fused.source(n)) for n in g.nodes) for g in fused.groups)
 
 
-def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> list[Region]:
+def regions(
+    graph: Graph, has_sketch: Callable[[Group], bool] | None = None, target: Target | None = None
+) -> list[Region]:
     """The regions of ``graph`` (decomposed and optimized) that have optional fusion edges.
 
     An edge is optional when flipping it alone from the rules' plan changes the groups and every group of
     the flipped plan has a sketch (``has_sketch(group)``, e.g. the target backend's; default: any group).
     Edges that only bring a broadcast/layout of a weight into its consumer stay fused (the unfused form is
     a copy of the weight, never faster), and so do edges whose flip changes nothing (a merge the rules
-    reject for a cycle or an illegal group either way)."""
-    edges = all_edges(graph)
+    reject for a cycle or an illegal group either way). A CUDA ``target`` adds the split-K edges."""
+    edges = all_edges(graph, target)
     rule = {e.id: e.default for e in edges}
-    base = _partition(fuse(graph))
+    base = _partition(fuse(graph, target=target))
     optional: list[FusionEdge] = []
     fixed: dict[str, str] = {}
     for e in edges:
@@ -648,7 +685,7 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
         ):
             fixed[e.id] = PARAM_LAYOUT
             continue
-        flipped = fuse(graph, {**rule, e.id: not e.default})
+        flipped = fuse(graph, {**rule, e.id: not e.default}, target)
         if _partition(flipped) == base:
             fixed[e.id] = "flipping it alone changes no group"
             continue
@@ -666,7 +703,12 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
             continue
         sub, copies, const = _region_subgraph(graph, members)
         const_values = {v for v, c in zip(sub.inputs, const) if c}
-        sub_all = fusion_edges(sub) + horizontal_edges(sub, const_values.__contains__) + recompute_edges(sub)
+        sub_all = (
+            fusion_edges(sub)
+            + horizontal_edges(sub, const_values.__contains__)
+            + recompute_edges(sub)
+            + split_k_edges(sub, target)
+        )
         sub_edges = {(_edge_kind(e), id(e.producer), id(e.consumer)): e.id for e in sub_all}
         local_ids = {}
         for e in list(mine):
@@ -684,5 +726,5 @@ def regions(graph: Graph, has_sketch: Callable[[Group], bool] | None = None) -> 
             "const_inputs": [i for i, c in enumerate(const) if c],
         }
         region_fixed = {e.id: fixed[e.id] for e in edges if id(e.producer) in ids and e.id in fixed}
-        out.append(Region(len(out), members, mine, local_ids, canonical_hash(data), region_fixed))
+        out.append(Region(len(out), members, mine, local_ids, canonical_hash(data), region_fixed, target))
     return out

@@ -31,6 +31,10 @@ records never mix with the full host's, and
 says how many vector registers its ISA has (``vector_registers``: 32 with AVX-512 or on aarch64, 16 with
 AVX2/SSE) and how many FMA pipes to keep busy (``fma_units``): the CPU sketches size register tiles and
 cache blocks from them.
+
+A CUDA target's SM count (``sm_count``, stored in ``cores``) is the current GPU's when CuPy can ask it, else
+the device's in the table ``CUDA_SM_COUNTS``, else 132 (an H100 SXM). It is not part of the key (the device
+name fixes it), so records of older Kilns stay valid; the split-K fusion edges are decided from it.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class Target:
     kind: str  # "cpu" | "cuda"
     arch: str  # "x86_64" | "aarch64" | "sm_90" ...
     device: str  # CPU model name or GPU name
-    cores: int = 1  # CPU threads available, or SM count on a GPU
+    cores: int = 1  # CPU threads available, or SM count on a GPU (see sm_count)
     vector_bytes: int = 16  # widest SIMD register (64 with AVX-512)
     features: tuple[str, ...] = ()
     isa_flags: tuple[str, ...] = ()  # gcc flags narrowing -march=native to KILN_HOST_ISA (see cflags)
@@ -82,6 +86,13 @@ class Target:
             raise KilnError(f"TF32 is a CUDA math mode; target {self.key} is {self.kind}")
         rest = tuple(f for f in self.features if f != "tf32")
         return replace(self, features=rest + (("tf32",) if on else ()))
+
+    @property
+    def sm_count(self) -> int | None:
+        """A CUDA target's streaming multiprocessors (the ``cores`` field: CuPy's ``multiProcessorCount`` for
+        the current GPU, else :data:`CUDA_SM_COUNTS` by device name, else :data:`DEFAULT_CUDA_SMS`); None for
+        other kinds. What the split-K fusion edges are decided from (:mod:`compiler.passes.split_k`)."""
+        return self.cores if self.kind == "cuda" else None
 
     @property
     def isa(self) -> str:
@@ -197,13 +208,14 @@ class Target:
         )
 
     @staticmethod
-    def cuda(arch: str = "sm_90", device: str = "NVIDIA H100 80GB HBM3", sms: int = 132) -> Target:
-        """A CUDA target; without a GPU this describes the device code is generated for."""
+    def cuda(arch: str = "sm_90", device: str = "NVIDIA H100 80GB HBM3", sms: int | None = None) -> Target:
+        """A CUDA target; without a GPU this describes the device code is generated for. ``sms`` (the SM
+        count) defaults to the device's in :data:`CUDA_SM_COUNTS`, else :data:`DEFAULT_CUDA_SMS`."""
         return Target(
             kind="cuda",
             arch=arch,
             device=device,
-            cores=sms,
+            cores=sms if sms is not None else CUDA_SM_COUNTS.get(device, DEFAULT_CUDA_SMS),
             vector_bytes=16,
             max_threads_per_block=1024,
             max_shared_bytes=48 * 1024,
@@ -314,6 +326,16 @@ def _arm_cpu_name(info: dict[str, str]) -> str:
 
 
 HOST_ISA_ENV = "KILN_HOST_ISA"
+# SMs of a CUDA device by the name CUDA reports (``cudaDeviceProp.name``), from NVIDIA's data sheets: what
+# a target parsed from a key (no GPU to ask) gets. The SM count is not part of the key: the name fixes it.
+CUDA_SM_COUNTS: dict[str, int] = {
+    "NVIDIA H100 80GB HBM3": 132, "NVIDIA H100 NVL": 132, "NVIDIA H100 PCIe": 114, "NVIDIA H200": 132,
+    "NVIDIA GH200 480GB": 132, "NVIDIA A100-SXM4-80GB": 108, "NVIDIA A100-SXM4-40GB": 108,
+    "NVIDIA A100 80GB PCIe": 108, "NVIDIA A100-PCIE-40GB": 108, "NVIDIA A10": 72,
+    "NVIDIA L4": 58, "NVIDIA L40S": 142, "NVIDIA GeForce RTX 4090": 128, "Tesla V100-SXM2-16GB": 80,
+    "Tesla T4": 40,
+}  # fmt: skip
+DEFAULT_CUDA_SMS = 132  # an unknown device: an H100 SXM's SM count (the default CUDA target)
 # ISA levels of each CPU architecture -> vector bytes (the level named in a CPU target key)
 ISA_LEVELS: dict[str, dict[str, int]] = {
     "x86_64": {"sse": 16, "avx2": 32, "avx512": 64},

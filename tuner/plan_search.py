@@ -55,7 +55,7 @@ CONFIRM_GROUPS = 6  # groups a region's confirmation is budgeted for (trial budg
 
 def target_regions(graph: Graph, target: Target) -> list[Region]:
     """The regions of ``graph`` (optimized) whose optional edges give groups ``target``'s backend can
-    schedule."""
+    schedule (on CUDA, the split-K edges of its SM count among them)."""
     backend = get_backend(target)
 
     def has_sketch(group: Group) -> bool:
@@ -65,14 +65,14 @@ def target_regions(graph: Graph, target: Target) -> list[Region]:
             return False
         return True
 
-    return regions(graph, has_sketch)
+    return regions(graph, has_sketch, target)
 
 
 def plan_problem(graph: Graph, plan: FusionPlan, target: Target) -> str | None:
     """Why ``target``'s backend cannot compile ``graph`` (optimized) under ``plan`` (whole-graph edge ids):
     a group that no sketch of the backend schedules; None when every group has one."""
     backend = get_backend(target)
-    for group in fuse(graph, plan).groups:
+    for group in fuse(graph, plan, target).groups:
         if group.is_view:
             continue
         try:
@@ -84,7 +84,7 @@ def plan_problem(graph: Graph, plan: FusionPlan, target: Target) -> str | None:
 
 def region_groups(graph: Graph, region: Region, local_plan: FusionPlan) -> list[Group]:
     """The groups holding the region's nodes when the region follows ``local_plan`` (other edges: rules)."""
-    fused = fuse(graph, region.to_global(local_plan))
+    fused = fuse(graph, region.to_global(local_plan), region.target)
     mine = {id(n) for n in region.nodes}
     return [g for g in fused.groups if any(id(fused.source(n)) in mine for n in g.nodes)]
 

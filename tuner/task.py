@@ -53,7 +53,8 @@ def extract_tasks(graph: Graph, target: Target | str, plan: FusionPlan | None = 
     """Tasks of a model: unique workload keys in first-occurrence order, weight = occurrences.
     Groups that are only views (aliased reshapes) have nothing to tune. ``plan`` is a fusion plan of the
     optimized graph (whole-graph edge ids), None for the rules'."""
-    return tasks_of_groups(fuse(optimize(graph), plan).groups, target)
+    target = Target.parse(target)
+    return tasks_of_groups(fuse(optimize(graph), plan, target).groups, target)
 
 
 def tasks_of_groups(groups: Iterable[Group], target: Target | str) -> list[Task]:

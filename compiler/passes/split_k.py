@@ -11,8 +11,11 @@ original epilogue (bias, GELU, a residual add) reads ``C`` as before, so it fuse
 Deterministic: no atomics, no workspace beyond the [S, M, N] partials, which the memory plan allocates
 like any intermediate. This needs no runtime change.
 
-Where the split is chosen: a rule (:func:`split_factor`), not a searched plan edge. The pass is not in the
-default pipeline (CPU targets are unaffected); a CUDA build applies it with the device's SM count.
+Where the split is chosen: on CUDA each matmul that :func:`split_factor` would split (S > 1) is a fusion-plan
+edge (:func:`compiler.fusion.split_k_edges`, rule ``split_k``, id ``s<n>``), on in the rules' plan for a
+float32 GEMM without TF32 (:func:`split_by_default`); the plan search may flip it, and
+``compiler.plan_rewrite`` rewrites the graph with :func:`emit_split` as the plan says. CPU targets have no
+such edges. :func:`split_k` applies the size rule to a whole graph on its own (any dtype).
 Rewritten: ``matmul`` of A [..., M, K] by B [K, N] or, with ``transpose_b``, B [N, K] (torch's linear
 layout; B is then viewed [N, S, K/S] and transposed to [S, N, K/S]); A with ``transpose_a`` is left alone.
 """
@@ -24,6 +27,7 @@ import math
 from compiler.builder import GraphBuilder
 from compiler.graph import Graph, Node, Value
 from compiler.passes.rewrite import rewrite
+from compiler.target import Target
 
 BLOCK_TILE = 128  # the CUDA contraction sketch's default block tile (bm = bn)
 MIN_K_PER_SPLIT = 256  # each partial GEMM keeps at least this many K steps
@@ -53,27 +57,54 @@ def _splittable(node: Node) -> bool:
     return len(a.shape) >= 2 and len(b.shape) == 2 and not node.attrs.get("transpose_a")
 
 
+def split_by_default(node: Node, target: Target) -> bool:
+    """Whether the rules split ``node`` (a matmul :func:`node_split_factor` splits) on ``target``: only a
+    float32 GEMM without TF32. A float16/bfloat16 (or TF32) GEMM runs on tensor cores whole, while its
+    split partials (a batch_matmul reading a transposed view of A) fall back to the SIMT sketch and are
+    rounded to 16 bits before the sum: the plan search may still try the split."""
+    return node.inputs[0].dtype == "float32" and not target.tf32
+
+
+def gemm_shape(a: Value, w: Value, transpose_b: bool) -> tuple[int, int, int]:
+    """(M, N, K) of ``matmul(a, w)``: A's leading dimensions folded into M."""
+    k = a.shape[-1]
+    return math.prod(a.shape[:-1]), (w.shape[0] if transpose_b else w.shape[1]), k
+
+
+def node_split_factor(node: Node, sm_count: int) -> int:
+    """S for ``node`` on ``sm_count`` SMs: :func:`split_factor` of its shape when it is a matmul this pass
+    rewrites, else 1."""
+    if not _splittable(node):
+        return 1
+    m, n, k = gemm_shape(*node.inputs, bool(node.attrs.get("transpose_b")))
+    return split_factor(m, n, k, sm_count)
+
+
+def emit_split(
+    b: GraphBuilder, a: Value, w: Value, transpose_b: bool, s: int, name: str | None = None
+) -> Value:
+    """Add ``matmul(a, w, transpose_b)`` split into ``s`` partial GEMMs and their sum to ``b``; returns the
+    sum (the matmul's shape). ``s`` must divide K."""
+    m, n, k = gemm_shape(a, w, transpose_b)
+    out_shape = (*a.shape[:-1], n)
+    a3 = b.transpose(b.reshape(a, (m, s, k // s)), (1, 0, 2))
+    if transpose_b:
+        w3 = b.transpose(b.reshape(w, (n, s, k // s)), (1, 0, 2))  # [S, N, K/S]
+    else:
+        w3 = b.reshape(w, (s, k // s, n))
+    partials = b.batch_matmul(a3, w3, transpose_b=transpose_b)  # [S, M, N]
+    if len(out_shape) != 2:  # [S, ..., M, N] (a view), so the sum gives the output's shape
+        partials = b.reshape(partials, (s, *out_shape))
+    return b.reduce_sum(partials, axes=0, name=name)
+
+
 def split_k(graph: Graph, sm_count: int = 132) -> Graph:
     """``graph`` with every small-M, large-K matmul split along K (see the module docstring)."""
 
     def rule(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value | None:
-        if not _splittable(node):
-            return None
-        k = inputs[0].shape[-1]
-        m = math.prod(inputs[0].shape[:-1])
-        tb = bool(node.attrs.get("transpose_b"))
-        n = inputs[1].shape[0] if tb else inputs[1].shape[1]
-        s = split_factor(m, n, k, sm_count)
+        s = node_split_factor(node, sm_count)
         if s == 1:
             return None
-        a = b.transpose(b.reshape(inputs[0], (m, s, k // s)), (1, 0, 2))
-        if tb:
-            w = b.transpose(b.reshape(inputs[1], (n, s, k // s)), (1, 0, 2))  # [S, N, K/S]
-        else:
-            w = b.reshape(inputs[1], (s, k // s, n))
-        partials = b.batch_matmul(a, w, transpose_b=tb)  # [S, M, N]
-        if len(node.output.shape) != 2:  # [S, ..., M, N] (a view), so the sum gives the output's shape
-            partials = b.reshape(partials, (s, *node.output.shape))
-        return b.reduce_sum(partials, axes=0, name=node.name)
+        return emit_split(b, inputs[0], inputs[1], bool(node.attrs.get("transpose_b")), s, node.name)
 
     return rewrite(graph, rule)

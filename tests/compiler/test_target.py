@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from compiler.errors import KilnError
-from compiler.target import HOST_ISA_ENV, Target
+from compiler.target import DEFAULT_CUDA_SMS, HOST_ISA_ENV, Target
 from tests.targets import PINNED_TARGETS
 
 X86_COMMON = (
@@ -165,6 +165,15 @@ def test_an_older_key_without_the_isa_level_still_parses_and_matches_no_host():
 def test_cuda_keys_name_the_compute_capability_and_the_device():
     assert Target.cuda("sm_80", "NVIDIA A100-SXM4-40GB").key == "cuda/sm_80/NVIDIA A100-SXM4-40GB"
     assert Target.cuda("sm_80", "NVIDIA A100-SXM4-40GB").isa == ""
+
+
+def test_cuda_sm_count_comes_from_the_device_table_or_the_default_and_stays_out_of_the_key():
+    a100 = Target.parse("cuda/sm_80/NVIDIA A100-SXM4-40GB")
+    assert a100.sm_count == 108 and a100.key == "cuda/sm_80/NVIDIA A100-SXM4-40GB"
+    assert Target.parse("cuda/sm_90/NVIDIA H100 PCIe").sm_count == 114
+    assert Target.cuda("sm_89", "Some Future GPU").sm_count == DEFAULT_CUDA_SMS
+    assert Target.cuda("sm_89", "Some Future GPU", sms=7).sm_count == 7  # what CuPy reports wins
+    assert Target.from_json(a100.to_json()) == a100 and Target.host().sm_count is None
 
 
 def test_cuda_targets_have_no_gcc_flags():

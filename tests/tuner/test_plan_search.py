@@ -135,3 +135,38 @@ def test_search_merges_qkv_when_it_wins_and_compile_applies_it(url):
     projections = [k for k in model.kernels if re.fullmatch(r"g\d+_matmul", k.name)]
     assert len(projections) == 2  # Q/K/V merged + the output projection
     assert len(model.kernels) == len(kiln_compile(graph, target).kernels) - 2
+
+
+def small_m_projection():
+    """x [1, 8, 1024] @ w [16, 1024]^T + bias, GELU: one 128x128 tile on 132 SMs, so split-K's edge is on."""
+    from compiler.builder import GraphBuilder
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("proj")
+    x = b.input("x", (1, 8, 1024))
+    y = b.matmul(x, b.param("w", rng.standard_normal((16, 1024)).astype(np.float32)), transpose_b=True)
+    return b.build([b.gelu(b.add(y, b.param("bias", rng.standard_normal(16).astype(np.float32))))])
+
+
+def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url):
+    """On CUDA the rules split a small-M GEMM (partials + a reduction); where an extra kernel only costs,
+    the search stores the plan that keeps the GEMM whole, and the compile side (database_plan, plan_model)
+    applies it; the CPU target never sees the edge."""
+    from compiler.build import plan_model
+
+    graph = small_m_projection()
+    summary = tune(graph, CUDA, url, 64, measurer=simulated(), time_model=False, fusion="search")
+    (found,) = summary.plans
+    (split,) = [e for e in found.region.edges if e.rule == "split_k"]
+    local = found.region.local_ids[split.id]
+    assert found.flipped == [local] and found.plan[local] is False
+    assert found.latency_us < found.rule_latency_us
+    with TuningDatabase.open(url) as db:
+        report = database_plan(db, optimize(graph), CUDA)
+        assert report.plan[split.id] is False and report.lines[0]["flipped"] == [local]
+        assert database_plan(db, optimize(graph), Target.host()).plan == {}  # no plan for the cpu
+    rules = plan_model(graph, CUDA)
+    assert [g.kind for g in rules.fused.groups if not g.is_view] == ["contraction", "reduction"]
+    applied = plan_model(graph, CUDA, plan=report.plan)
+    assert [g.kind for g in applied.fused.groups if not g.is_view] == ["contraction"]
+    assert [n.op for n in applied.graph.nodes].count("batch_matmul") == 0

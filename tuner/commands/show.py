@@ -36,15 +36,17 @@ def _decomposed(graph, args) -> str:
 
 def _groups_of(graph, args):
     """The groups compile makes: with ``--db``, under the stored fusion plans that beat the rules."""
-    g = optimize(graph)
-    if getattr(args, "db", None) is None:
-        return fuse(g), []
     from compiler.target import Target
+
+    g = optimize(graph)
+    target = Target.parse(args.target)
+    if getattr(args, "db", None) is None:
+        return fuse(g, target=target), []
     from tuner.commands.common import open_database
     from tuner.plan_search import database_plan
 
     with open_database(args) as db:
-        report = database_plan(db, g, Target.parse(args.target))
+        report = database_plan(db, g, target)
     head = []
     for line in report.lines:
         what = {
@@ -55,7 +57,7 @@ def _groups_of(graph, args):
         head.append(f"fusion plan of region {line['region']} [{line['region_key'][:12]}]: {what}")
     if not report.lines:
         head.append("no stored fusion plan for this model's regions: the rules' groups")
-    return fuse(g, report.plan or None), [*head, ""]
+    return fuse(g, report.plan or None, target), [*head, ""]
 
 
 @stage("groups")
