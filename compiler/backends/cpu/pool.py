@@ -2,20 +2,26 @@
 
 Generated code outlines each parallel loop into ``static void F(void* ctx, int64_t lo, int64_t hi)`` (the
 loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
-``kiln_parallel_for(F, &ctx, extent)``. Semantics (onnxruntime's pool, not OpenMP's fork/join):
+``kiln_parallel_for(F, &ctx, extent)``. Semantics (a static schedule with stealing):
 
-* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads)`` balanced chunks, claimed one at a
-  time with an atomic counter;
-* the calling thread publishes the loop, wakes the workers and claims chunks itself; it then waits only for
-  the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a loop starts
-  claims nothing, so the caller runs those chunks instead of waiting at a barrier for that thread;
-* workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US`` = 0) after their last
-  chunk, then sleep on a futex; the caller wakes them with one ``futex_wake`` only when some sleep;
-* a worker never spins nor takes chunks on the CPU the caller started the loop on (the two would only take
-  turns, and a spinning worker there halves the caller's speed): it moves itself to another CPU of its
-  affinity mask (its mask without that CPU for a moment, then the whole mask again: a nudge, not a pin; at
-  most once a millisecond), and sleeps if it cannot. On the loaded 2-core machine the scheduler otherwise
-  kept a worker woken by the caller on the caller's CPU;
+* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads, 32)`` balanced chunks; thread t of
+  the loop (the caller is 0) owns a contiguous range of them and claims its own chunks lowest first, so
+  back-to-back loops over the same rows give each core the rows it had last time (OpenMP's static schedule
+  does the same, and on the development host a dynamic claim order made rmsnorm's chunks slower);
+* a thread that has run its own chunks claims the highest unclaimed chunk of another thread's range;
+* the calling thread publishes the loop, wakes the workers that sleep and runs its chunks; it then waits
+  only for the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a
+  loop starts claims nothing, so the caller runs its chunks instead of waiting at a barrier for that thread;
+* after a loop, workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US``) of
+  their own running time (a gap while descheduled does not count), then sleep on a futex; the caller makes
+  the ``futex_wake`` call only when some sleep. A futex wake-up costs tens of microseconds on a KVM guest:
+  without the spin the caller ran most chunks of a loop before the worker arrived;
+* a worker never spins nor takes chunks on the caller's CPU (the two would only take turns, and a spinning
+  worker there halves the caller's speed): it moves itself to another CPU of its affinity mask (its mask
+  without that CPU for a moment, then the whole mask again: a nudge, not a pin; at most once a
+  millisecond), and while the loop has unclaimed chunks yields and looks again; it sleeps if it cannot
+  move. On the loaded 2-core machine the scheduler otherwise kept a worker woken by the caller on the
+  caller's CPU;
 * ``threads`` = what ``kiln_set_num_threads(n)`` last set (caller included), else the CPUs of the process's
   affinity mask. The pool belongs to one library (its state is ``static``), is started lazily by its first
   parallel loop with ``threads - 1`` workers, and is stopped (workers joined) by the library's destructor,
@@ -24,8 +30,9 @@ loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
   on its first parallel loop (the tuner measures in worker processes);
 * a loop entered while another thread is running one on this pool (two Python threads calling the same
   library) runs serially in its caller; nested parallel loops are printed serial (as with OpenMP);
-* a worker's claim is one compare-and-swap on a 64-bit word ``generation << 32 | next chunk``, so a worker
-  that wakes up late can never run a chunk of a newer loop with an older loop's context.
+* a worker's claim is one compare-and-swap on a 64-bit word ``generation << 32 | bitmask of claimed
+  chunks``, so a worker that wakes up late can never run a chunk of a newer loop with an older loop's
+  context.
 
 Kernels with non-temporal stores call ``kiln_sfence()`` at the end of each chunk, before the chunk is
 counted as finished, so the caller sees the stored data once it returns.
@@ -34,11 +41,11 @@ counted as finished, so the caller sees the stored data once it returns.
 from __future__ import annotations
 
 CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a short tail under load
-# default spin of an idle worker before it sleeps; 0 = sleep at once. On the quiet 2-vCPU development host,
-# any spin (20 us, 100 us, 1 ms) made softmax, layernorm, rmsnorm, bias_gelu and mlp slower than sleeping at
-# once (softmax [4096,1024] 1.5x slower at 1 ms): the spinning worker takes the caller's core. Compare with
-# KILN_POOL_SPIN_US=N python scripts/bench_cpu_kernels.py
-SPIN_US = 0
+# default spin of an idle worker after a loop before it sleeps, in microseconds of its own running time
+# (libgomp's workers spin too, GOMP_SPINCOUNT). With 0 every loop waited for a futex wake-up (tens of us on
+# the KVM development host): rmsnorm ran at its 1-thread speed. Compare with
+# KILN_POOL_SPIN_US=N python scripts/bench_cpu_kernels.py --runtimes
+SPIN_US = 300
 
 POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
 #define _GNU_SOURCE
