@@ -42,7 +42,9 @@ pool (``compiler/backends/cpu/pool.py``, the default) against the same kernels b
 (``KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``, libgomp), with onnxruntime
 (IOBinding) as the reference, each contender in a process of its own, each round once on the machine as it
 is ("quiet") and once while ``--load`` busy-loop processes run ("loaded", started before and killed after
-that half of the round; the two halves alternate which comes first):
+that half of the round; the two halves alternate which comes first). It reports per-round medians, the
+per-round ratios with their range, and the ratio of mean times per call (a median hides the few very slow
+calls of a runtime whose caller waits at a barrier for a descheduled thread):
 
     python scripts/bench_cpu_kernels.py --runtimes --load 1 --out table.md
 """
