@@ -133,7 +133,8 @@ static void kiln_pool_work(uint32_t g, int me) {
     uint32_t free = ~(uint32_t)w & all;  /* the closed word has every bit set */
     if (free == 0) return;
     int lo = me < team ? me * n / team : n, hi = me < team ? (me + 1) * n / team : n;
-    uint32_t own = free & (hi - lo >= 32 ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1u) << lo);
+    uint32_t mine = hi <= lo ? 0u : hi - lo >= 32 ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1u) << lo;
+    uint32_t own = free & mine;
     int i = own ? __builtin_ctz(own) : 31 - __builtin_clz(free);
     kiln_task_fn fn = __atomic_load_n(&kiln_pool.fn, __ATOMIC_ACQUIRE);
     void* ctx = __atomic_load_n(&kiln_pool.ctx, __ATOMIC_ACQUIRE);
