@@ -42,7 +42,9 @@ pool (``compiler/backends/cpu/pool.py``, the default) against the same kernels b
 (``KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``, libgomp), with onnxruntime
 (IOBinding) as the reference, each contender in a process of its own, each round once on the machine as it
 is ("quiet") and once while ``--load`` busy-loop processes run ("loaded", started before and killed after
-that half of the round; the two halves alternate which comes first):
+that half of the round; the two halves alternate which comes first). It reports per-round medians, the
+per-round ratios with their range, and the ratio of mean times per call (a median hides the few very slow
+calls of a runtime whose caller waits at a barrier for a descheduled thread):
 
     python scripts/bench_cpu_kernels.py --runtimes --load 1 --out table.md
 """
@@ -108,7 +110,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 WORKLOADS = ["softmax_large", "rmsnorm", "layernorm", "bias_gelu", "matmul", "mlp", "mnist_mlp"]
-RUNTIME_WORKLOADS = ["rmsnorm", "softmax_large", "layernorm", "matmul", "bias_gelu"]
+RUNTIME_WORKLOADS = ["rmsnorm", "softmax_large", "layernorm", "matmul", "bias_gelu", "mlp", "mnist_mlp"]
 
 
 def mnist_mlp():
@@ -149,7 +151,7 @@ def graph_for(name: str):
 
 def command_line() -> str:
     """This run's command, with the environment variables that change what is measured."""
-    names = ("KILN_HOST_ISA", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    names = ("KILN_HOST_ISA", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KILN_POOL_SPIN_US")
     env = [f"{k}={os.environ[k]}" for k in names if k in os.environ]
     return " ".join([*env, "python", "scripts/bench_cpu_kernels.py", *sys.argv[1:]])
 
@@ -232,11 +234,11 @@ def numpy_reference(graph, inputs):
 CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
 
 
-def round_median(
+def round_samples(
     fn: Callable[[], object], min_time: float, max_iters: int = 2000, clock: str = "wall"
-) -> float:
-    """Median latency (us) of one round: repeats lasting at least ``min_time`` seconds (3 at least), each
-    timed on ``clock`` (``cpu``: the calling thread's CPU time, see ``--clock``)."""
+) -> list[float]:
+    """Latencies (us) of one round: repeats lasting at least ``min_time`` seconds (3 at least), each timed
+    on ``clock`` (``cpu``: the calling thread's CPU time, see ``--clock``)."""
     now = CLOCKS[clock]
     fn()
     samples = []
@@ -245,7 +247,14 @@ def round_median(
         t0 = now()
         fn()
         samples.append((now() - t0) / 1e3)
-    return statistics.median(samples)
+    return samples
+
+
+def round_median(
+    fn: Callable[[], object], min_time: float, max_iters: int = 2000, clock: str = "wall"
+) -> float:
+    """Median latency (us) of one round (:func:`round_samples`)."""
+    return statistics.median(round_samples(fn, min_time, max_iters, clock))
 
 
 def rotated_rounds(
@@ -329,7 +338,8 @@ def _contender_process(conn, who: str, name: str, threads: int) -> None:
         return
     conn.send(("ready", None))
     while (min_time := conn.recv()) is not None:
-        conn.send(round_median(fn, min_time))
+        samples = round_samples(fn, min_time)
+        conn.send((statistics.median(samples), statistics.fmean(samples)))
 
 
 class Contenders:
@@ -355,8 +365,8 @@ class Contenders:
                 print(detail, flush=True)
                 del self.conns[who]
 
-    def round(self, min_time: float, start: int) -> dict[str, float]:
-        """One round median per contender, in the order rotated by ``start``."""
+    def round(self, min_time: float, start: int) -> dict[str, tuple[float, float]]:
+        """One round's (median, mean) latency per contender, in the order rotated by ``start``."""
         names = list(self.conns)
         k = start % len(names)
         out = {}
@@ -372,52 +382,70 @@ class Contenders:
             proc.join(timeout=30)
 
 
+def _ratio(peer: list[float], pool_times: list[float]) -> str:
+    """The median of the per-round ratios peer / pool with their range."""
+    r = [a / b for a, b in zip(peer, pool_times, strict=True)]
+    return f"{statistics.median(r):.2f}x ({min(r):.2f}..{max(r):.2f})"
+
+
 def runtimes_main(args) -> int:
     """--runtimes: Kiln's thread pool vs OpenMP vs onnxruntime, quiet and under a busy-loop load."""
+    from compiler.backends.cpu import pool
     from compiler.target import Target
     from scripts.bench_common import machine_line, markdown_table
 
     target = Target.host()
     conditions = ("quiet", "loaded")
+    load_before = os.getloadavg()
     rows = []
     for name in args.workloads or RUNTIME_WORKLOADS:
         contenders = Contenders(name, args.threads)
-        per: dict[tuple[str, str], list[float]] = {}
+        per: dict[tuple[str, str], list[tuple[float, float]]] = {}
         try:
             for r in range(args.rounds):
                 for cond in conditions if r % 2 == 0 else conditions[::-1]:
                     with BusyLoad(args.load if cond == "loaded" else 0):
-                        for who, median in contenders.round(args.min_time, start=r).items():
-                            per.setdefault((cond, who), []).append(median)
+                        for who, stats in contenders.round(args.min_time, start=r).items():
+                            per.setdefault((cond, who), []).append(stats)
         finally:
             contenders.close()
-        med = {k: statistics.median(v) for k, v in per.items()}
         for cond in conditions:
             row = {"workload": name, "machine": cond}
+            medians = {who: [m for m, _ in per[(cond, who)]] for who in contenders.conns}
+            means = {who: [m for _, m in per[(cond, who)]] for who in contenders.conns}
             for who in contenders.conns:
-                v = per[(cond, who)]
-                fmt = ",.0f" if med[(cond, who)] >= 100 else ".1f"
-                row[who] = f"{med[(cond, who)]:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
-            row["pool vs openmp"] = f"{med[(cond, 'kiln openmp')] / med[(cond, 'kiln pool')]:.2f}x"
-            if "onnxruntime" in contenders.conns:
-                row["pool vs onnxruntime"] = f"{med[(cond, 'onnxruntime')] / med[(cond, 'kiln pool')]:.2f}x"
+                v = medians[who]
+                mid = statistics.median(v)
+                fmt = ",.0f" if mid >= 100 else ".1f"
+                row[who] = f"{mid:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
+            for peer in ("kiln openmp", "onnxruntime"):
+                if peer in contenders.conns:
+                    row[f"pool vs {peer.split()[-1]}"] = _ratio(medians[peer], medians["kiln pool"])
+            row["pool vs openmp, mean per call"] = _ratio(means["kiln openmp"], means["kiln pool"])
             rows.append(row)
             print(row, flush=True)
+    load_after = os.getloadavg()
     columns = ["workload", "machine", "kiln pool", "kiln openmp", "onnxruntime", "pool vs openmp"]
-    columns += ["pool vs onnxruntime"]
+    columns += ["pool vs onnxruntime", "pool vs openmp, mean per call"]
     columns = [c for c in columns if any(c in r for r in rows)]
+    spin = os.environ.get("KILN_POOL_SPIN_US")
     text = (
         "# Kiln's parallel loops: thread pool vs OpenMP (default schedules, bind()) vs onnxruntime\n\n"
-        f"Machine: {machine_line()} (shared with other users: 'quiet' is the machine as it was, not idle); "
+        f"Machine: {machine_line()} (shared with other users: 'quiet' is the machine as it was, not idle; "
+        f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after the run); "
         f"Kiln target `{target.key}`. `{command_line()}`; {args.threads} threads for every contender "
-        f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}). Each of {args.rounds} rounds "
+        f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, pool spin "
+        f"{spin if spin is not None else pool.SPIN_US} us). Each of {args.rounds} rounds "
         f"times every contender once on the machine as it was ('quiet') and once while {args.load} "
         "busy-loop process(es) ran ('loaded'), the halves alternating which comes first and the contenders "
         "in rotated order; median over rounds of per-round medians in microseconds, lowest..highest round "
-        "median in brackets. Every contender runs in a process of its own (its idle threads spin or sleep "
-        "there, not in the next contender's round). Outputs checked against the numpy reference first. Both "
-        "Kiln builds run the same kernels (default schedules) with inputs and outputs bound once; "
-        "onnxruntime with IOBinding. Ratios > 1: the pool is faster.\n\n"
+        "median in brackets. Ratios (> 1: the pool is faster) are medians of the per-round ratios, lowest.."
+        "highest in brackets; the last column compares the mean time per call instead of the median (it "
+        "counts the rare very slow calls that a median hides: on a busy machine a runtime whose caller waits "
+        "for a descheduled thread makes few, very slow calls). Every contender runs in a process of its own "
+        "(its idle threads spin or sleep there, not in the next contender's round). Outputs checked against "
+        "the numpy reference first. Both Kiln builds run the same kernels (default schedules) with inputs "
+        "and outputs bound once; onnxruntime with IOBinding.\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
     print(text)

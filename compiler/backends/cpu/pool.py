@@ -2,20 +2,26 @@
 
 Generated code outlines each parallel loop into ``static void F(void* ctx, int64_t lo, int64_t hi)`` (the
 loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
-``kiln_parallel_for(F, &ctx, extent)``. Semantics (onnxruntime's pool, not OpenMP's fork/join):
+``kiln_parallel_for(F, &ctx, extent)``. Semantics (a static schedule with stealing):
 
-* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads)`` balanced chunks, claimed one at a
-  time with an atomic counter;
-* the calling thread publishes the loop, wakes the workers and claims chunks itself; it then waits only for
-  the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a loop starts
-  claims nothing, so the caller runs those chunks instead of waiting at a barrier for that thread;
-* workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US`` = 0) after their last
-  chunk, then sleep on a futex; the caller wakes them with one ``futex_wake`` only when some sleep;
-* a worker never spins nor takes chunks on the CPU the caller started the loop on (the two would only take
-  turns, and a spinning worker there halves the caller's speed): it moves itself to another CPU of its
-  affinity mask (its mask without that CPU for a moment, then the whole mask again: a nudge, not a pin; at
-  most once a millisecond), and sleeps if it cannot. On the loaded 2-core machine the scheduler otherwise
-  kept a worker woken by the caller on the caller's CPU;
+* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads, 32)`` balanced chunks; thread t of
+  the loop (the caller is 0) owns a contiguous range of them and claims its own chunks lowest first, so
+  back-to-back loops over the same rows give each core the rows it had last time (OpenMP's static schedule
+  does the same, and on the development host a dynamic claim order made rmsnorm's chunks slower);
+* a thread that has run its own chunks claims the highest unclaimed chunk of another thread's range;
+* the calling thread publishes the loop, wakes the workers that sleep and runs its chunks; it then waits
+  only for the chunks a worker has already claimed. A worker that is descheduled (a busy machine) when a
+  loop starts claims nothing, so the caller runs its chunks instead of waiting at a barrier for that thread;
+* after a loop, workers spin for ``KILN_POOL_SPIN_US`` microseconds (environment, default ``SPIN_US``) of
+  their own running time (a gap while descheduled does not count), then sleep on a futex; the caller makes
+  the ``futex_wake`` call only when some sleep. A futex wake-up costs tens of microseconds on a KVM guest:
+  without the spin the caller ran most chunks of a loop before the worker arrived;
+* a worker never spins nor takes chunks on the caller's CPU (the two would only take turns, and a spinning
+  worker there halves the caller's speed): it moves itself to another CPU of its affinity mask (its mask
+  without that CPU for a moment, then the whole mask again: a nudge, not a pin; at most once a
+  millisecond), and while the loop has unclaimed chunks yields and looks again; it sleeps if it cannot
+  move. On the loaded 2-core machine the scheduler otherwise kept a worker woken by the caller on the
+  caller's CPU;
 * ``threads`` = what ``kiln_set_num_threads(n)`` last set (caller included), else the CPUs of the process's
   affinity mask. The pool belongs to one library (its state is ``static``), is started lazily by its first
   parallel loop with ``threads - 1`` workers, and is stopped (workers joined) by the library's destructor,
@@ -24,8 +30,9 @@ loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
   on its first parallel loop (the tuner measures in worker processes);
 * a loop entered while another thread is running one on this pool (two Python threads calling the same
   library) runs serially in its caller; nested parallel loops are printed serial (as with OpenMP);
-* a worker's claim is one compare-and-swap on a 64-bit word ``generation << 32 | next chunk``, so a worker
-  that wakes up late can never run a chunk of a newer loop with an older loop's context.
+* a worker's claim is one compare-and-swap on a 64-bit word ``generation << 32 | bitmask of claimed
+  chunks``, so a worker that wakes up late can never run a chunk of a newer loop with an older loop's
+  context.
 
 Kernels with non-temporal stores call ``kiln_sfence()`` at the end of each chunk, before the chunk is
 counted as finished, so the caller sees the stored data once it returns.
@@ -34,11 +41,11 @@ counted as finished, so the caller sees the stored data once it returns.
 from __future__ import annotations
 
 CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a short tail under load
-# default spin of an idle worker before it sleeps; 0 = sleep at once. On the quiet 2-vCPU development host,
-# any spin (20 us, 100 us, 1 ms) made softmax, layernorm, rmsnorm, bias_gelu and mlp slower than sleeping at
-# once (softmax [4096,1024] 1.5x slower at 1 ms): the spinning worker takes the caller's core. Compare with
-# KILN_POOL_SPIN_US=N python scripts/bench_cpu_kernels.py
-SPIN_US = 0
+# default spin of an idle worker after a loop before it sleeps, in microseconds of its own running time
+# (libgomp's workers spin too, GOMP_SPINCOUNT). With 0 every loop waited for a futex wake-up (tens of us on
+# the KVM development host): rmsnorm ran at its 1-thread speed. Compare with
+# KILN_POOL_SPIN_US=N python scripts/bench_cpu_kernels.py --runtimes
+SPIN_US = 300
 
 POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
 #define _GNU_SOURCE
@@ -56,7 +63,9 @@ typedef void (*kiln_task_fn)(void*, int64_t, int64_t);
 
 #define KILN_POOL_MAX 256
 #define KILN_CHUNKS_PER_THREAD @CHUNKS@
-#define KILN_CLOSED 0xFFFFFFFFu
+#define KILN_CLOSED 0xFFFFFFFFu  /* every chunk claimed */
+#define KILN_MAX_CHUNKS 32       /* one bit each in the claim word */
+#define KILN_DESCHEDULED_NS 50000L
 
 static struct {
   int threads;                  /* threads per loop, caller included; 0: not set */
@@ -67,10 +76,12 @@ static struct {
   pthread_t workers[KILN_POOL_MAX];
   pthread_mutex_t lock;         /* starting and stopping workers */
   /* shared words, accessed with __atomic builtins only */
-  uint64_t claim;               /* generation << 32 | next chunk (KILN_CLOSED while the loop is set up) */
+  uint64_t claim;               /* generation << 32 | bit i set: chunk i claimed (all set while set up) */
   kiln_task_fn fn;
   void* ctx;
-  int64_t extent, chunks, finished;
+  int64_t extent;
+  int chunks, finished;
+  int team;                     /* threads that own a range of the current loop: caller + active workers */
   int active;                   /* workers that take part: threads - 1 */
   int caller_cpu;               /* the CPU of the thread that started the current loop */
   uint32_t wake;                /* futex word, bumped for every loop */
@@ -109,23 +120,41 @@ static int kiln_crowded(long* nudged) {
   return sched_getcpu() == cpu;
 }
 
-/* claim and run chunks of loop generation g until none is left or another loop started */
-static void kiln_pool_work(uint32_t g) {
+/* claim and run chunks of loop generation g until none is left or another loop started: first the
+   chunks of thread me's own range (lowest first: the same rows as in the last loop, still in this core's
+   caches), then the highest unclaimed chunk of another thread's range (the end its owner reaches last) */
+static void kiln_pool_work(uint32_t g, int me) {
   for (;;) {
     uint64_t w = __atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE);
-    uint32_t i = (uint32_t)w;
-    if ((uint32_t)(w >> 32) != g || i == KILN_CLOSED) return;
-    int64_t n = __atomic_load_n(&kiln_pool.chunks, __ATOMIC_ACQUIRE);
-    if ((int64_t)i >= n) return;
+    if ((uint32_t)(w >> 32) != g) return;
+    int n = __atomic_load_n(&kiln_pool.chunks, __ATOMIC_ACQUIRE);
+    int team = __atomic_load_n(&kiln_pool.team, __ATOMIC_ACQUIRE);
+    uint32_t all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
+    uint32_t free = ~(uint32_t)w & all;  /* the closed word has every bit set */
+    if (free == 0) return;
+    int lo = me < team ? me * n / team : n, hi = me < team ? (me + 1) * n / team : n;
+    uint32_t mine = hi <= lo ? 0u : hi - lo >= 32 ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1u) << lo;
+    uint32_t own = free & mine;
+    int i = own ? __builtin_ctz(own) : 31 - __builtin_clz(free);
     kiln_task_fn fn = __atomic_load_n(&kiln_pool.fn, __ATOMIC_ACQUIRE);
     void* ctx = __atomic_load_n(&kiln_pool.ctx, __ATOMIC_ACQUIRE);
     int64_t extent = __atomic_load_n(&kiln_pool.extent, __ATOMIC_ACQUIRE);
     /* the word unchanged since it was read: these fields are loop g's */
-    if (!__atomic_compare_exchange_n(&kiln_pool.claim, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (!__atomic_compare_exchange_n(&kiln_pool.claim, &w, w | (1u << i), 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
       continue;
+    if (me == 0) __atomic_store_n(&kiln_pool.caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);  /* it moved? */
     fn(ctx, (int64_t)i * extent / n, ((int64_t)i + 1) * extent / n);
     __atomic_fetch_add(&kiln_pool.finished, 1, __ATOMIC_RELEASE);
   }
+}
+
+/* loop generation g is running and has unclaimed chunks */
+static int kiln_pool_open(uint32_t g) {
+  uint64_t w = __atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE);
+  int n = __atomic_load_n(&kiln_pool.chunks, __ATOMIC_ACQUIRE);
+  uint32_t all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
+  return (uint32_t)(w >> 32) == g && (~(uint32_t)w & all) != 0;
 }
 
 static void* kiln_pool_worker(void* arg) {
@@ -133,22 +162,38 @@ static void* kiln_pool_worker(void* arg) {
   uint32_t seen = kiln_pool.born;  /* the loop being set up when this worker was created is new to it */
   long nudged = 0;
   for (;;) {
-    long spin_until = kiln_now_ns() + kiln_pool.spin_ns;
+    long budget = kiln_pool.spin_ns, last = kiln_now_ns();
     int spins = 0;
     for (;;) {
       if (__atomic_load_n(&kiln_pool.stop, __ATOMIC_ACQUIRE)) return NULL;
       uint32_t g = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE) >> 32);
       if (g != seen) {
+        if (id < __atomic_load_n(&kiln_pool.active, __ATOMIC_ACQUIRE) && kiln_crowded(&nudged)) {
+          /* beside the caller: let it run, and look again (a nudge a millisecond later may have moved
+             this worker) while the loop still has unclaimed chunks */
+          if (kiln_pool_open(g)) {
+            sched_yield();
+            continue;
+          }
+        } else if (id < __atomic_load_n(&kiln_pool.active, __ATOMIC_ACQUIRE)) {
+          kiln_pool_work(g, id + 1);
+        }
         seen = g;
-        if (id < __atomic_load_n(&kiln_pool.active, __ATOMIC_ACQUIRE) && !kiln_crowded(&nudged))
-          kiln_pool_work(g);
-        spin_until = kiln_now_ns() + kiln_pool.spin_ns;
+        budget = kiln_pool.spin_ns;
+        last = kiln_now_ns();
         continue;
       }
       kiln_pause();
-      /* every few microseconds: stop spinning after spin_ns, or at once on the caller's CPU (spinning
-         there would take half of the caller's time) */
-      if ((++spins & 63) == 0 && (kiln_now_ns() > spin_until || kiln_crowded(&nudged))) break;
+      /* every microsecond or so: stop after spinning spin_ns, or at once on the caller's CPU (spinning
+         there would take half of the caller's time). Only time this thread ran counts: a gap over
+         KILN_DESCHEDULED_NS between two looks means it was descheduled (a busy machine), and a worker
+         that slept through its spin on the run queue would otherwise miss the next loop and need a wake */
+      if ((++spins & 63) == 0) {
+        long t = kiln_now_ns();
+        if (t - last < KILN_DESCHEDULED_NS) budget -= t - last;
+        last = t;
+        if (budget <= 0 || kiln_crowded(&nudged)) break;
+      }
     }
     /* sleep until the next loop: read the futex word, announce, check again, wait */
     uint32_t s = __atomic_load_n(&kiln_pool.wake, __ATOMIC_SEQ_CST);
@@ -238,6 +283,7 @@ __attribute__((noinline, noclone)) static void kiln_parallel_for(kiln_task_fn fn
     return;
   }
   int64_t n = (int64_t)threads * KILN_CHUNKS_PER_THREAD;
+  if (n > KILN_MAX_CHUNKS) n = KILN_MAX_CHUNKS;
   if (n > extent) n = extent;
   uint32_t g = (uint32_t)(__atomic_load_n(&kiln_pool.claim, __ATOMIC_RELAXED) >> 32) + 1;
   /* close the word first: a late worker of the last loop fails its claim before any field changes */
@@ -246,14 +292,15 @@ __attribute__((noinline, noclone)) static void kiln_parallel_for(kiln_task_fn fn
   __atomic_store_n(&kiln_pool.fn, fn, __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.ctx, ctx, __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.extent, extent, __ATOMIC_RELAXED);
-  __atomic_store_n(&kiln_pool.chunks, n, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.chunks, (int)n, __ATOMIC_RELAXED);
+  __atomic_store_n(&kiln_pool.team, threads, __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.finished, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
   __atomic_store_n(&kiln_pool.claim, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&kiln_pool.wake, 1, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&kiln_pool.sleepers, __ATOMIC_SEQ_CST) > 0)
     syscall(SYS_futex, &kiln_pool.wake, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
-  kiln_pool_work(g);  /* every chunk is claimed when this returns: wait only for the workers' ones */
+  kiln_pool_work(g, 0);  /* every chunk is claimed when this returns: wait only for the workers' ones */
   for (int spins = 0; __atomic_load_n(&kiln_pool.finished, __ATOMIC_ACQUIRE) < n; spins++) {
     if (spins < 4096) kiln_pause(); else sched_yield();
   }

@@ -67,7 +67,7 @@ def _expected(name: str, x: np.ndarray) -> np.ndarray:
     return x * 3
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+@pytest.mark.parametrize("threads", [1, 2, 3, 7, 40])  # 40: more threads than chunks (32 at most)
 def test_outlined_parallel_loops_compute_the_serial_result(threads):
     funcs = _kernels()
     src, lib = build(funcs)
@@ -123,6 +123,41 @@ int meet_run(int* seen, int extent) {
   kiln_parallel_for(meet, seen, extent);
   return meet_met;
 }
+
+/* Which chunks each thread takes (2 threads): the caller holds its first chunk until a worker has entered
+   one, and the worker holds its first chunk until every other iteration is done, so the caller must take
+   the rest of the worker's range. order_run() returns the worker's first lo (-1: none within 60 s) and
+   writes the lo of each chunk the caller ran, in order, to caller_los (-1 after the last). */
+static pthread_t order_caller;
+static int64_t order_worker_lo, order_done, order_n, order_total;
+static int64_t* order_caller_los;
+static void order(void* ctx, int64_t lo, int64_t hi) {
+  int* seen = (int*)ctx;
+  long until = kiln_now_ns() + 60000000000L;
+  if (pthread_equal(pthread_self(), order_caller)) {
+    order_caller_los[order_n++] = lo;
+    while (order_n == 1 && __atomic_load_n(&order_worker_lo, __ATOMIC_SEQ_CST) < 0 && kiln_now_ns() < until)
+      sched_yield();
+  } else if (__atomic_load_n(&order_worker_lo, __ATOMIC_SEQ_CST) < 0) {
+    __atomic_store_n(&order_worker_lo, lo, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&order_done, __ATOMIC_SEQ_CST) < order_total - (hi - lo) &&
+           kiln_now_ns() < until)
+      sched_yield();
+  }
+  for (int64_t i = lo; i < hi; i++) seen[i] += 1;
+  __atomic_fetch_add(&order_done, hi - lo, __ATOMIC_SEQ_CST);
+}
+int64_t order_run(int* seen, int extent, int64_t* caller_los) {
+  order_caller = pthread_self();
+  order_worker_lo = -1;
+  order_done = 0;
+  order_n = 0;
+  order_total = extent;
+  order_caller_los = caller_los;
+  kiln_parallel_for(order, seen, extent);
+  caller_los[order_n] = -1;
+  return order_worker_lo;
+}
 """
 
 _SCRIPT = r"""
@@ -145,11 +180,21 @@ def threads(want=None):
 
 base = threads()
 meet = ctypes.CDLL(str(gcc.compile_source(_meet_source())))
+meet.order_run.restype = ctypes.c_int64
 meet.kiln_set_num_threads(2)
 seen = np.zeros(64, np.int32)
 assert meet.meet_run(ctypes.c_void_p(seen.ctypes.data), 64) == 1, "no worker took a chunk"
 assert (seen == 1).all(), seen
 assert threads(base + 1) == base + 1, (threads(), base)  # one worker for two threads
+
+# 64 iterations, 8 chunks: the caller owns [0, 32), the worker [32, 64); each takes its own range lowest
+# first, then steals from the other's end (the worker is held in its first chunk until the rest is done)
+seen[:] = 0
+los = np.zeros(16, np.int64)
+worker_lo = meet.order_run(ctypes.c_void_p(seen.ctypes.data), 64, ctypes.c_void_p(los.ctypes.data))
+assert (seen == 1).all(), seen
+assert worker_lo == 32, worker_lo
+assert list(los[: list(los).index(-1)]) == [0, 8, 16, 24, 56, 48, 40], los
 
 f = _kernels()[0]
 path = str(gcc.compile_source(generate_c([f], Target.host())))
