@@ -489,8 +489,14 @@ def run_one(
     measurer = ReplayMeasurer(cache)
     flt, asks = None, 1
     if method in FILTERS:
+        model: Any = FILTERS[method]
+        gbdt_options = json.loads(getattr(args, "gbdt", "") or "{}")
+        if model == "gbdt" and gbdt_options:  # a development variant of the GBDT (`--gbdt`)
+            from cost_model.gbdt import GBDTModel
+
+            model = GBDTModel(seed=seed, **gbdt_options)
         flt, asks = make_candidate_filter(
-            FILTERS[method],
+            model,
             db,
             target,
             seed=seed,
@@ -547,6 +553,7 @@ def protocol(args: argparse.Namespace) -> dict:
         "epsilon": args.epsilon,
         "no_default": args.no_default,
         "threads": args.threads,
+        "gbdt": json.loads(getattr(args, "gbdt", "") or "{}"),
         "cache": args.cache,
         "measure_code": code_hash(MEASURE_CODE, RUNNER),
         "search_code": search_code(),
@@ -1543,6 +1550,7 @@ def main() -> None:
     r.add_argument("--no-default", action="store_true", help="do not measure the rule-based default first")
     r.add_argument("--results", default=str(WORK / "results"))
     r.add_argument("--force", action="store_true", help="rerun runs that have results")
+    r.add_argument("--gbdt", default="", help="GBDTModel options (JSON) for tpe+gbdt: development variants")
     p = sub.add_parser("report", help="trials-to-5%% table with bootstrap intervals, and curves")
     p.add_argument("run_dir", help="one protocol directory written by `run`")
     p.add_argument("--out", default=str(ROOT / "benchmarks"))
