@@ -1265,7 +1265,7 @@ COLD_FREE_KNOBS = {
 }
 DEV_CANDIDATES = "synth:bias_relu@cold,synth:silu_mul@cold,synth:tanh_rows@cold"
 COLD_METHODS = "tpe,tpe+analytic,tpe+gbdt,tpe+gbdt-inline"
-# tpe+gbdt-inline (added 14:15 UTC, before any search of a reported workload): GBDTModel(inline_below=64), the
+# tpe+gbdt-inline (added ~14:13 UTC, before any search of a reported workload): GBDTModel(inline_below=64), the
 # one variant of the cold learner kept from the development workloads (synth:bias_relu, synth:silu_mul,
 # synth:tanh_rows, selected by the rule; 10 seeds each). There the 5% goal was reached in the first batch
 # (2-8 trials), identically for every variant (none of them can act before the second batch), so it was
