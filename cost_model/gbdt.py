@@ -27,6 +27,9 @@ workload's thousands (LambdaMART's per-query normalization does this for ``rank`
 adaptive: a fit happens once ``min_fit`` samples exist and again whenever ``refit_every`` new samples
 arrived (every batch of ``kiln tune``; ``update(..., fit=False)`` + :meth:`GBDTModel.fit_if_due` let the
 search refit in the background), on at most ``max_train`` samples (per-workload quotas, best first).
+While the model holds at most ``inline_below`` samples, ``update(..., fit=False)`` fits in line anyway
+(a fit on that little data takes milliseconds): a cold search then ranks its second round with what its
+first round measured, instead of one round later.
 
 The fitted trees are copied out of LightGBM / scikit-learn into plain arrays (:class:`Forest`) and
 predictions always come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly
@@ -252,6 +255,7 @@ class GBDTModel(CostModel):
         prior_scale: float = 1.0,
         center: bool = True,
         rank_objective: str = "lambdarank",
+        inline_below: int = 0,
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -270,6 +274,7 @@ class GBDTModel(CostModel):
         self.prior_scale = float(prior_scale)
         self.center = center
         self.rank_objective = rank_objective
+        self.inline_below = int(inline_below)
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.lat = np.zeros(0)
         self.wl: list[str] = []
@@ -292,7 +297,7 @@ class GBDTModel(CostModel):
         self.lat = np.concatenate([self.lat, lat])
         self.wl += [str(w) for w in workloads]
         self.n_updates += len(lat)
-        if fit:
+        if fit or len(self.lat) <= self.inline_below:  # a fit on this little data costs milliseconds
             self.fit_if_due()
 
     def fit_if_due(self) -> bool:
@@ -446,6 +451,7 @@ class GBDTModel(CostModel):
             "prior_scale": self.prior_scale,
             "center": self.center,
             "rank_objective": self.rank_objective,
+            "inline_below": self.inline_below,
             "n_fit": self.n_fit,
             "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
@@ -478,6 +484,7 @@ class GBDTModel(CostModel):
             prior_scale=float(meta.get("prior_scale", 1.0)),
             center=bool(meta.get("center", False)),
             rank_objective=str(meta.get("rank_objective", "lambdarank")),
+            inline_below=int(meta.get("inline_below", 0)),
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))

@@ -80,6 +80,22 @@ def test_gbdt_refits_adaptively_and_blends_with_the_prior_while_data_is_scarce()
     assert model.fits == 2 and model.n_fit == 60
 
 
+def test_inline_below_fits_small_data_at_once_even_when_asked_to_wait(tmp_path):
+    x, lat, wl = synthetic(1, 40)
+    waits = GBDTModel(seed=0)
+    waits.update(x[:8], lat[:8], wl[:8], fit=False)
+    assert waits.fits == 0 and waits.fit_if_due() and waits.fits == 1
+    model = GBDTModel(seed=0, inline_below=16)
+    model.update(x[:8], lat[:8], wl[:8], fit=False)
+    assert model.fits == 1 and model.n_fit == 8  # small: fitted in line
+    model.update(x[8:16], lat[8:16], wl[8:16], fit=False)
+    assert model.fits == 2 and model.n_fit == 16
+    model.update(x[16:24], lat[16:24], wl[16:24], fit=False)
+    assert model.fits == 2  # beyond inline_below: waits for fit_if_due as before
+    assert model.fit_if_due() and model.n_fit == 24
+    assert load_model(model.save(tmp_path / "m.npz")).inline_below == 16
+
+
 def test_residual_target_starts_from_the_analytic_prior_and_corrects_it():
     from cost_model.gbdt import residual_labels
 
