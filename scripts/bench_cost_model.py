@@ -563,13 +563,6 @@ def run_one(
         )
     sampler = "random" if method == "random" else "tpe"
     tuner = TaskTuner(task, db, measurer, sampler, seed, None, None, flt, asks)
-    _tell = tuner.study.tell
-
-    def tell(trial, *a, **k):  # tuner/search.py (14e8bab) tells PRUNED to the trial-less configs of its
-        if trial is not None:  # `_unexplored` fallback that the filter did not pick: there is no trial
-            return _tell(trial, *a, **k)
-
-    tuner.study.tell = tell
     if args.no_default:  # the enqueued default is not measured: told FAIL, which every sampler ignores
         import optuna
 
