@@ -183,7 +183,7 @@ def test_conv2d(c, o, hw, k, s, pad, dil, groups, data):
 @SETTINGS
 @given(m=st.integers(1, 16), k=st.integers(1, 9), data=st.data())
 def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
-    """Both operands are one buffer (x @ x^T): told apart by their side of the product; each side packs alone."""
+    """Both operands are one buffer (x @ x^T): told apart by their side of the product, each packed alone."""
     b = GraphBuilder("gram")
     x = b.input("x", (m, k))
     check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
