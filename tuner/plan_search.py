@@ -327,22 +327,27 @@ class PlanSearch:
     def _seed(self, tuner: TaskTuner) -> None:
         """Start a new group from the best schedule found so far for a group with the same anchor (the same
         GEMM, conv or reduction with another prologue/epilogue) when that config is legal for it, so two plans
-        compare their fusion, not the luck of two small schedule searches."""
+        compare their fusion, not the luck of two small schedule searches. A group no such group exists for
+        but whose anchor is the same op on other shapes (the Q/K/V GEMMs merged into one N = 3d GEMM) starts
+        from those groups' best configs instead: its own few trials would otherwise race siblings tuned as
+        full schedule tasks."""
         from tuner.samplers import to_params
 
         anchor = tuner.task.group.anchor
         if anchor is None:
             return
-        for other in list(self.tuners.values()):
-            g = other.task.group
-            if (
-                other is tuner
-                or other.state.best_config is None
-                or other.task.sketch.name != tuner.task.sketch.name
-            ):
-                continue
-            if not _same_anchor(g, anchor):
-                continue
+        others = [
+            o
+            for o in list(self.tuners.values())
+            if o is not tuner
+            and o.state.best_config is not None
+            and o.task.sketch.name == tuner.task.sketch.name
+            and o.task.group.anchor is not None
+            and o.task.group.anchor.op == anchor.op
+            and o.task.group.anchor.attrs == anchor.attrs
+        ]
+        same = [o for o in others if _same_anchor(o.task.group, anchor)]
+        for other in same or others:
             try:
                 tuner.task.check(other.state.best_config)
                 params = to_params(tuner.space, other.state.best_config, tuner.how)
