@@ -135,3 +135,41 @@ def test_search_merges_qkv_when_it_wins_and_compile_applies_it(url):
     projections = [k for k in model.kernels if re.fullmatch(r"g\d+_matmul", k.name)]
     assert len(projections) == 2  # Q/K/V merged + the output projection
     assert len(model.kernels) == len(kiln_compile(graph, target).kernels) - 2
+
+
+def test_the_merged_qkv_gemm_starts_from_a_projections_best_config(url):
+    """The Q/K/V GEMM merged by the horizontal edge has no measured group with its anchor (N = 3d): its
+    first candidate is the best config of a projection GEMM (same op, other shape), not a random one."""
+    from tuner.plan_search import PlanSearch, region_groups
+    from tuner.samplers import to_params
+    from tuner.search import TaskTuner
+    from tuner.task import tasks_of_groups
+
+    graph = optimize(MODELS["attention"].build(seq=8, d=32, heads=2))
+    target = Target.host()
+    (region,) = target_regions(graph, target)
+    horizontal = next(e for e in region.edges if e.rule == "horizontal")
+    rule = region.rule_plan()
+    rule_tasks = tasks_of_groups(region_groups(graph, region, rule), target)
+    merged_plan = {**rule, region.local_ids[horizontal.id]: True}
+    merged_tasks = tasks_of_groups(region_groups(graph, region, merged_plan), target)
+    with TuningDatabase.open(url) as db:
+
+        def make(task):
+            db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+            return TaskTuner(task, db, simulated())
+
+        projection = next(t for t in rule_tasks if t.group.anchor.op == "matmul")
+        tuned = make(projection)
+        best = {**projection.default(), "unroll_k": 4, "order": "mn"}
+        tuned.state.best_config = best
+        search = PlanSearch(region, graph, target, {projection.workload_key: tuned}, make)
+        merged = next(
+            t
+            for t in merged_tasks
+            if t.group.anchor.op == "matmul" and t.workload_key not in {r.workload_key for r in rule_tasks}
+        )
+        started = search._tuner(merged)
+        queued = [t for t in started.study.trials if t.state.name == "WAITING"]
+        waiting = [t.system_attrs.get("fixed_params") for t in queued]
+        assert waiting[-1] == to_params(started.space, best, started.how), waiting
