@@ -48,7 +48,12 @@ log = logging.getLogger("kiln.plans")
 
 GROUP_TRIALS = 8  # measured candidates for each group a plan brings in (its schedule's small budget)
 ASK_PER_ROUND = 8  # plans Optuna proposes per round; the cost model picks one to measure
-CONFIRM_PLANS = 2  # plans that beat the rules re-measured against them at the end
+CONFIRM_PLANS = 2  # plans re-measured against the rules' plan at the end (the best scored ones)
+# a plan scored up to this factor above the rules' plan is re-measured too: on a loaded machine a group
+# measured during a busy moment (2-3x its quiet latency) makes a winning plan look like a loser, and only
+# re-measuring both plans' groups side by side tells them apart
+CONFIRM_WITHIN = 1.15
+MIN_GAIN = 0.02  # a plan replaces the rules' only when its confirmed latency is at least this much lower
 CONFIRM_ROUNDS = 3  # interleaved re-measurement rounds
 CONFIRM_GROUPS = 6  # groups a region's confirmation is budgeted for (trial budgets keep that much aside)
 
@@ -414,10 +419,12 @@ class PlanSearch:
     # ------------------------------------------------------------ confirm
     def confirm(self, measurer: Any, db: Any, run_id: int | None = None, limit: int | None = None) -> int:
         """Re-measure, in the same batches, the best config of every group that differs between the rules'
-        plan and the plans that beat it (the best ``CONFIRM_PLANS``), ``rounds`` times; those groups then
-        count with the median of these re-measurements, and only these plans remain candidates. A plan found
-        during a quiet moment of a loaded machine must not beat a rules' plan whose groups were measured
-        during a busy one. Every re-measurement is committed as a record of the run. Returns the number of
+        plan and at most ``CONFIRM_PLANS`` other plans (those scored ``MIN_GAIN`` below the rules' first, then
+        those scored between ``1 + MIN_GAIN`` and ``CONFIRM_WITHIN`` times the rules'), ``rounds`` times;
+        those groups then count with the median of these re-measurements, and only these plans remain
+        candidates. A plan found during a quiet moment of a
+        loaded machine must not beat a rules' plan whose groups were measured during a busy one, nor the
+        other way round. Every re-measurement is committed as a record of the run. Returns the number of
         measurements. With at most ``limit`` measurements allowed and fewer than two rounds fitting, nothing
         is measured and only the rules' plan remains: a plan is stored as better only once confirmed."""
         from db.records import RecordIn
@@ -427,8 +434,13 @@ class PlanSearch:
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
         if rule is None:
             return 0
+        # plans scored within MIN_GAIN of the rules' either way are the same plan as far as measurement goes:
+        # first the ones that beat the rules by MIN_GAIN, then the ones that lost by up to CONFIRM_WITHIN
+        others = [(lat, r) for lat, r in scored if lat is not None and r.plan != self.rule]
         better = sorted(
-            ((lat, r) for lat, r in scored if lat is not None and lat < rule and r.plan != self.rule),
+            ((lat, r) for lat, r in others if lat < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0]
+        ) + sorted(
+            ((lat, r) for lat, r in others if rule * (1 + MIN_GAIN) <= lat < rule * CONFIRM_WITHIN),
             key=lambda lr: lr[0],
         )
         if not better:
@@ -488,7 +500,14 @@ class PlanSearch:
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
         if rule is None:
             return None
-        latency, best = min(scored, key=lambda lr: (lr[0], lr[1].plan != self.rule))
+        # the rules' plan stays unless another beats it by MIN_GAIN (a smaller gain is within the noise of
+        # the confirmation itself)
+        latency, best = rule, self.results[plan_json(self.rule)]
+        others = [(lat, r) for lat, r in scored if r.plan != self.rule]
+        if others:
+            lat, r = min(others, key=lambda lr: lr[0])
+            if lat < rule * (1 - MIN_GAIN):
+                latency, best = lat, r
         return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored))
 
 
