@@ -447,18 +447,28 @@ class PlanSearch:
             return 0
         plans = [self.results[plan_json(self.rule)], *(r for _, r in better[:CONFIRM_PLANS])]
         self.finalists = {plan_json(r.plan) for r in plans}
-        common = set.intersection(*({k for k, _ in r.groups()} for r in plans))
+        # a group in every plan with the same weight adds the same to each; one whose weight differs does not
+        # (a workload the Q/K/V projections share: weight 3 in the rules' plan, gone once they are merged)
+        weights = [dict(r.groups()) for r in plans]
+        common = {k for k, w in weights[0].items() if all(ws.get(k) == w for ws in weights[1:])}
         tasks = {t.workload_key: t for r in plans for t in r.tasks if t.workload_key not in common}
-        todo = [
+        # each group's best config and its sketch's default: a default measured during a busy moment leaves a
+        # group with a best config far slower than the default it will really run (compile's own
+        # confirmation falls back to it), which would score that group's plan by the wrong config
+        best = [
             (t, self.tuners[k].state.best_config)
             for k, t in sorted(tasks.items())
             if k in self.tuners and self.tuners[k].state.best_config is not None
         ]
+        defaults = [(t, t.default()) for t, c in best if config_json(t.default()) != config_json(c)]
+        todo = best + defaults
+        if limit is not None and todo and limit // len(todo) < 2:
+            todo = best  # no room for the defaults: the best configs alone
         rounds = CONFIRM_ROUNDS if limit is None or not todo else min(CONFIRM_ROUNDS, limit // len(todo))
         if not todo or rounds < 2:
             self.finalists = {plan_json(self.rule)}
             return 0
-        samples: dict[str, list[float]] = {}
+        samples: dict[tuple[str, str], list[float]] = {}
         n = 0
         for r in range(rounds):
             order = todo[r % len(todo) :] + todo[: r % len(todo)]
@@ -479,10 +489,13 @@ class PlanSearch:
                     )
                 )
                 if res.median_us is not None:
-                    samples.setdefault(t.workload_key, []).append(res.median_us)
+                    samples.setdefault((t.workload_key, config_json(c)), []).append(res.median_us)
             db.commit_records(recs)
             n += len(recs)
-        self.confirmed = {k: statistics.median(v) for k, v in samples.items()}
+        confirmed: dict[str, float] = {}
+        for (key, _), v in samples.items():  # the faster of a group's best config and its default
+            confirmed[key] = min(confirmed.get(key, math.inf), statistics.median(v))
+        self.confirmed = confirmed
         return n
 
     # ----------------------------------------------------------- outcome
@@ -536,7 +549,7 @@ def confirm_reserve(searches: Sequence[PlanSearch], trials: int | None) -> int:
     most a quarter of the trials (0 for a time budget)."""
     if trials is None or not searches:
         return 0
-    return min(trials // 4, CONFIRM_ROUNDS * CONFIRM_GROUPS * len(searches))
+    return min(trials // 4, CONFIRM_ROUNDS * 2 * CONFIRM_GROUPS * len(searches))  # best config + default
 
 
 def confirm_plans(
