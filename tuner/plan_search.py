@@ -48,7 +48,12 @@ log = logging.getLogger("kiln.plans")
 
 GROUP_TRIALS = 8  # measured candidates for each group a plan brings in (its schedule's small budget)
 ASK_PER_ROUND = 8  # plans Optuna proposes per round; the cost model picks one to measure
-CONFIRM_PLANS = 2  # plans that beat the rules re-measured against them at the end
+CONFIRM_PLANS = 2  # plans re-measured against the rules' plan at the end (the best scored ones)
+# a plan scored up to this factor above the rules' plan is re-measured too: on a loaded machine a group
+# measured during a busy moment (2-3x its quiet latency) makes a winning plan look like a loser, and only
+# re-measuring both plans' groups side by side tells them apart
+CONFIRM_WITHIN = 1.15
+MIN_GAIN = 0.02  # a plan replaces the rules' only when its confirmed latency is at least this much lower
 CONFIRM_ROUNDS = 3  # interleaved re-measurement rounds
 CONFIRM_GROUPS = 6  # groups a region's confirmation is budgeted for (trial budgets keep that much aside)
 
@@ -327,22 +332,27 @@ class PlanSearch:
     def _seed(self, tuner: TaskTuner) -> None:
         """Start a new group from the best schedule found so far for a group with the same anchor (the same
         GEMM, conv or reduction with another prologue/epilogue) when that config is legal for it, so two plans
-        compare their fusion, not the luck of two small schedule searches."""
+        compare their fusion, not the luck of two small schedule searches. A group no such group exists for
+        but whose anchor is the same op on other shapes (the Q/K/V GEMMs merged into one N = 3d GEMM) starts
+        from those groups' best configs instead: its own few trials would otherwise race siblings tuned as
+        full schedule tasks."""
         from tuner.samplers import to_params
 
         anchor = tuner.task.group.anchor
         if anchor is None:
             return
-        for other in list(self.tuners.values()):
-            g = other.task.group
-            if (
-                other is tuner
-                or other.state.best_config is None
-                or other.task.sketch.name != tuner.task.sketch.name
-            ):
-                continue
-            if not _same_anchor(g, anchor):
-                continue
+        others = [
+            o
+            for o in list(self.tuners.values())
+            if o is not tuner
+            and o.state.best_config is not None
+            and o.task.sketch.name == tuner.task.sketch.name
+            and o.task.group.anchor is not None
+            and o.task.group.anchor.op == anchor.op
+            and o.task.group.anchor.attrs == anchor.attrs
+        ]
+        same = [o for o in others if _same_anchor(o.task.group, anchor)]
+        for other in same or others:
             try:
                 tuner.task.check(other.state.best_config)
                 params = to_params(tuner.space, other.state.best_config, tuner.how)
@@ -409,10 +419,12 @@ class PlanSearch:
     # ------------------------------------------------------------ confirm
     def confirm(self, measurer: Any, db: Any, run_id: int | None = None, limit: int | None = None) -> int:
         """Re-measure, in the same batches, the best config of every group that differs between the rules'
-        plan and the plans that beat it (the best ``CONFIRM_PLANS``), ``rounds`` times; those groups then
-        count with the median of these re-measurements, and only these plans remain candidates. A plan found
-        during a quiet moment of a loaded machine must not beat a rules' plan whose groups were measured
-        during a busy one. Every re-measurement is committed as a record of the run. Returns the number of
+        plan and at most ``CONFIRM_PLANS`` other plans (those scored ``MIN_GAIN`` below the rules' first, then
+        those scored between ``1 + MIN_GAIN`` and ``CONFIRM_WITHIN`` times the rules'), ``rounds`` times;
+        those groups then count with the median of these re-measurements, and only these plans remain
+        candidates. A plan found during a quiet moment of a
+        loaded machine must not beat a rules' plan whose groups were measured during a busy one, nor the
+        other way round. Every re-measurement is committed as a record of the run. Returns the number of
         measurements. With at most ``limit`` measurements allowed and fewer than two rounds fitting, nothing
         is measured and only the rules' plan remains: a plan is stored as better only once confirmed."""
         from db.records import RecordIn
@@ -422,26 +434,41 @@ class PlanSearch:
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
         if rule is None:
             return 0
+        # plans scored within MIN_GAIN of the rules' either way are the same plan as far as measurement goes:
+        # first the ones that beat the rules by MIN_GAIN, then the ones that lost by up to CONFIRM_WITHIN
+        others = [(lat, r) for lat, r in scored if lat is not None and r.plan != self.rule]
         better = sorted(
-            ((lat, r) for lat, r in scored if lat is not None and lat < rule and r.plan != self.rule),
+            ((lat, r) for lat, r in others if lat < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0]
+        ) + sorted(
+            ((lat, r) for lat, r in others if rule * (1 + MIN_GAIN) <= lat < rule * CONFIRM_WITHIN),
             key=lambda lr: lr[0],
         )
         if not better:
             return 0
         plans = [self.results[plan_json(self.rule)], *(r for _, r in better[:CONFIRM_PLANS])]
         self.finalists = {plan_json(r.plan) for r in plans}
-        common = set.intersection(*({k for k, _ in r.groups()} for r in plans))
+        # a group in every plan with the same weight adds the same to each; one whose weight differs does not
+        # (a workload the Q/K/V projections share: weight 3 in the rules' plan, gone once they are merged)
+        weights = [dict(r.groups()) for r in plans]
+        common = {k for k, w in weights[0].items() if all(ws.get(k) == w for ws in weights[1:])}
         tasks = {t.workload_key: t for r in plans for t in r.tasks if t.workload_key not in common}
-        todo = [
+        # each group's best config and its sketch's default: a default measured during a busy moment leaves a
+        # group with a best config far slower than the default it will really run (compile's own
+        # confirmation falls back to it), which would score that group's plan by the wrong config
+        best = [
             (t, self.tuners[k].state.best_config)
             for k, t in sorted(tasks.items())
             if k in self.tuners and self.tuners[k].state.best_config is not None
         ]
+        defaults = [(t, t.default()) for t, c in best if config_json(t.default()) != config_json(c)]
+        todo = best + defaults
+        if limit is not None and todo and limit // len(todo) < 2:
+            todo = best  # no room for the defaults: the best configs alone
         rounds = CONFIRM_ROUNDS if limit is None or not todo else min(CONFIRM_ROUNDS, limit // len(todo))
         if not todo or rounds < 2:
             self.finalists = {plan_json(self.rule)}
             return 0
-        samples: dict[str, list[float]] = {}
+        samples: dict[tuple[str, str], list[float]] = {}
         n = 0
         for r in range(rounds):
             order = todo[r % len(todo) :] + todo[: r % len(todo)]
@@ -462,10 +489,13 @@ class PlanSearch:
                     )
                 )
                 if res.median_us is not None:
-                    samples.setdefault(t.workload_key, []).append(res.median_us)
+                    samples.setdefault((t.workload_key, config_json(c)), []).append(res.median_us)
             db.commit_records(recs)
             n += len(recs)
-        self.confirmed = {k: statistics.median(v) for k, v in samples.items()}
+        confirmed: dict[str, float] = {}
+        for (key, _), v in samples.items():  # the faster of a group's best config and its default
+            confirmed[key] = min(confirmed.get(key, math.inf), statistics.median(v))
+        self.confirmed = confirmed
         return n
 
     # ----------------------------------------------------------- outcome
@@ -483,7 +513,14 @@ class PlanSearch:
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
         if rule is None:
             return None
-        latency, best = min(scored, key=lambda lr: (lr[0], lr[1].plan != self.rule))
+        # the rules' plan stays unless another beats it by MIN_GAIN (a smaller gain is within the noise of
+        # the confirmation itself)
+        latency, best = rule, self.results[plan_json(self.rule)]
+        others = [(lat, r) for lat, r in scored if r.plan != self.rule]
+        if others:
+            lat, r = min(others, key=lambda lr: lr[0])
+            if lat < rule * (1 - MIN_GAIN):
+                latency, best = lat, r
         return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored))
 
 
@@ -512,7 +549,7 @@ def confirm_reserve(searches: Sequence[PlanSearch], trials: int | None) -> int:
     most a quarter of the trials (0 for a time budget)."""
     if trials is None or not searches:
         return 0
-    return min(trials // 4, CONFIRM_ROUNDS * CONFIRM_GROUPS * len(searches))
+    return min(trials // 4, CONFIRM_ROUNDS * 2 * CONFIRM_GROUPS * len(searches))  # best config + default
 
 
 def confirm_plans(

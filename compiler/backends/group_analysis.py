@@ -119,7 +119,7 @@ class GemmView:
 def gemm_view(sch: Schedule, block: Block) -> GemmView:
     """Classify the loops of the contraction ``block``: M (index only the first operand), N (only the
     second), batch (both), K (reduction)."""
-    loads_a, loads_b = _product_sides(block)
+    loads_a, loads_b = product_sides(block)
     a, b = loads_a[0].buffer, loads_b[0].buffer
     loops = sch.get_loops(block)
     by_var = dict(zip((iv.var for iv in block.iter_vars), zip(block.iter_vars, loops)))
@@ -141,12 +141,13 @@ def gemm_view(sch: Schedule, block: Block) -> GemmView:
             n_dims.append(pos)
     n_var = _var_of(block, n[-1]) if n else None
     m_var = _var_of(block, m[-1]) if m else None
-    b_ndim = _plain_axis(loads_b, b, n_var) if a is not b else None  # one buffer on both sides: no packing
-    a_mdim = _plain_axis(loads_a, a, m_var) if a is not b else None
+    # each side's axis from that side's loads only (two views of one buffer are two operands)
+    b_ndim = _plain_axis(loads_b, b, n_var)
+    a_mdim = _plain_axis(loads_a, a, m_var)
     return GemmView(block, a, b, batch, m, n, k, b_ndim, a_mdim, n_dims)
 
 
-def _product_sides(block: Block) -> tuple[list[Load], list[Load]]:
+def product_sides(block: Block) -> tuple[list[Load], list[Load]]:
     """The loads of the two factors of the contraction's product ``acc + lhs * rhs``: operands are told
     apart by side, so ``x @ x^T`` or two slices of one tensor are two operands."""
     own = set(A.writes(block))

@@ -35,21 +35,37 @@ from compiler.loopir.stmt import (
 class StoragePrimitives(ScheduleBase):
     """Storage primitives."""
 
-    def cache_read(self, block: Block, buffer: Buffer, scope: str) -> Block:
-        """Read ``buffer`` in ``block`` through a copy in ``scope``; returns the copy block."""
+    def cache_read(
+        self, block: Block, buffer: Buffer, scope: str, only: Callable[[Load], bool] | None = None
+    ) -> Block:
+        """Read ``buffer`` in ``block`` through a copy in ``scope``; returns the copy block. With ``only``,
+        just the loads of ``buffer`` it selects read the copy and the others keep reading ``buffer`` (one
+        operand of a product whose two operands are views of one buffer: the copy only reads ``buffer``,
+        so both may alias it)."""
         if buffer not in A.reads(block):
             raise ScheduleError(f"cache_read: block {block.name} does not read {buffer.name}")
-        cache = Buffer(f"{buffer.name}_{scope}", buffer.shape, buffer.dtype, scope)
-        copy = self._copy_block(f"{buffer.name}_{scope}", buffer, cache)
+        if only is not None and not any(ld.buffer is buffer and only(ld) for ld in A.block_loads(block)):
+            raise ScheduleError(f"cache_read: no selected load of {buffer.name} in block {block.name}")
+        name = f"{buffer.name}_{scope}"
+        taken = {b.name for b in self.root.alloc_buffers}
+        if name in taken:  # a second copy of one buffer (each operand view of it packed apart)
+            name = next(f"{name}_{i}" for i in range(1, len(taken) + 2) if f"{name}_{i}" not in taken)
+        cache = Buffer(name, buffer.shape, buffer.dtype, scope)
+        copy = self._copy_block(name, buffer, cache)
+
+        def redirect(ld: Load) -> Expr | None:
+            if ld.buffer is not buffer or (only is not None and not only(ld)):
+                return None
+            return Load(cache, ld.indices)
+
         for s in walk_stmts(block):
             if isinstance(s, BufferStore):
-                s.value = replace_buffer_loads(
-                    s.value, lambda ld: Load(cache, ld.indices) if ld.buffer is buffer else None
-                )
+                s.value = replace_buffer_loads(s.value, redirect)
         top = self._top_level(block)
         self.root.body.stmts.insert(self.root.body.stmts.index(top), self._nest_for(copy))  # type: ignore[union-attr]
         self.root.alloc_buffers.append(cache)
-        self._log(f'cache_read({block.name}, {buffer.name}, "{scope}") -> {copy.name}')
+        part = "" if only is None else ", only=<selected loads>"
+        self._log(f'cache_read({block.name}, {buffer.name}, "{scope}"{part}) -> {copy.name}')
         return copy
 
     def cache_write(self, block: Block, buffer: Buffer, scope: str) -> Block:

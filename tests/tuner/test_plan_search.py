@@ -170,3 +170,123 @@ def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url)
     applied = plan_model(graph, CUDA, plan=report.plan)
     assert [g.kind for g in applied.fused.groups if not g.is_view] == ["contraction"]
     assert [n.op for n in applied.graph.nodes].count("batch_matmul") == 0
+
+
+def test_the_merged_qkv_gemm_starts_from_a_projections_best_config(url):
+    """The Q/K/V GEMM merged by the horizontal edge has no measured group with its anchor (N = 3d): its
+    first candidate is the best config of a projection GEMM (same op, other shape), not a random one."""
+    from tuner.plan_search import PlanSearch, region_groups
+    from tuner.samplers import to_params
+    from tuner.search import TaskTuner
+    from tuner.task import tasks_of_groups
+
+    graph = optimize(MODELS["attention"].build(seq=8, d=32, heads=2))
+    target = Target.host()
+    (region,) = target_regions(graph, target)
+    horizontal = next(e for e in region.edges if e.rule == "horizontal")
+    rule = region.rule_plan()
+    rule_tasks = tasks_of_groups(region_groups(graph, region, rule), target)
+    merged_plan = {**rule, region.local_ids[horizontal.id]: True}
+    merged_tasks = tasks_of_groups(region_groups(graph, region, merged_plan), target)
+    with TuningDatabase.open(url) as db:
+
+        def make(task):
+            db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+            return TaskTuner(task, db, simulated())
+
+        projection = next(t for t in rule_tasks if t.group.anchor.op == "matmul")
+        tuned = make(projection)
+        best = {**projection.default(), "unroll_k": 4, "order": "mn"}
+        tuned.state.best_config = best
+        search = PlanSearch(region, graph, target, {projection.workload_key: tuned}, make)
+        merged = next(
+            t
+            for t in merged_tasks
+            if t.group.anchor.op == "matmul" and t.workload_key not in {r.workload_key for r in rule_tasks}
+        )
+        started = search._tuner(merged)
+        queued = [t for t in started.study.trials if t.state.name == "WAITING"]
+        waiting = [t.system_attrs.get("fixed_params") for t in queued]
+        assert waiting[-1] == to_params(started.space, best, started.how), waiting
+
+
+def _busy_merged_gemm(extra: float):
+    """``group_cost`` with the merged Q/K/V GEMM measured ``extra`` slower the first GROUP_TRIALS times (the
+    plan search's own trials: a busy moment of a loaded machine) and at its true cost afterwards."""
+    from tuner.plan_search import GROUP_TRIALS
+
+    seen: dict[str, int] = {}
+
+    def cost(task, config) -> float:
+        c = group_cost(task, config)
+        a = task.group.anchor
+        if a is not None and a.op == "matmul" and a.inputs[1].shape[0] == 3 * 8:
+            seen[task.workload_key] = seen.get(task.workload_key, 0) + 1
+            if seen[task.workload_key] <= GROUP_TRIALS:
+                c += extra
+        return c
+
+    return Measurer(SimulatedBuilder(), SimulatedRunner(cost)), seen
+
+
+@pytest.mark.parametrize("extra", [250.0, 1000.0])
+def test_a_plan_that_lost_by_a_little_is_confirmed_and_kept(url, extra):
+    """The Q/K/V plan truly wins (448 vs 659) but its merged GEMM was measured slower during the search:
+    scored 6% above the rules it is still re-measured side by side with the rules' groups and kept; scored
+    far above (more than CONFIRM_WITHIN) it is not re-measured and the rules stay."""
+    graph = MODELS["attention"].build(seq=4, d=8, heads=2)
+    measurer, seen = _busy_merged_gemm(extra)
+    summary = tune(graph, Target.host(), url, 120, measurer=measurer, time_model=False, fusion="search")
+    (found,) = summary.plans
+    if extra < 300:
+        assert found.flipped == ["h0_5_20"] and found.latency_us < found.rule_latency_us
+        assert list(seen.values()) == [8 + 3]  # the search's trials, then the confirmation's rounds
+    else:
+        assert found.flipped == [] and found.latency_us == found.rule_latency_us
+
+
+def test_a_plan_within_min_gain_of_the_rules_is_not_applied(url):
+    """A plan that measures only 0.5% faster than the rules' (less than MIN_GAIN; the relu out of the first
+    GEMM's epilogue: 99.5 vs 100) is not stored as better."""
+    from tuner.plan_search import MIN_GAIN
+
+    def cost(task, config) -> float:  # a matmul with the relu 100, without 50; a kernel without matmul 49.5
+        ops = [n.op for n in task.group.nodes]
+        if "matmul" in ops:
+            return 100.0 if "relu" in ops else 50.0
+        return 49.5
+
+    assert MIN_GAIN > 0.005  # the flip below gains 0.5%
+
+    graph = small_mlp()
+    measurer = Measurer(SimulatedBuilder(), SimulatedRunner(cost))
+    plans = tune(graph, Target.host(), url, 96, measurer=measurer, time_model=False, fusion="search").plans
+    assert all(p.flipped == [] and p.latency_us == p.rule_latency_us for p in plans)
+
+
+def test_confirmation_scores_a_group_by_its_default_when_the_default_was_measured_busy(url):
+    """The d x d projection GEMMs (Q/K/V: one workload of weight 3; the output projection another) run
+    fastest with their default config, but the search measured each default during a busy moment (+1000), so
+    their best records are a slow config (+300). The confirmation re-measures the best config and the
+    default of every group whose weight differs between the rules' plan and the Q/K/V plan: the Q/K/V
+    projections count with their default (3 x 300 less); the output projection, the same in both plans, is
+    not re-measured and adds its +300 to both."""
+    seen: dict[str, int] = {}
+
+    def cost(task, config) -> float:
+        c = group_cost(task, config)
+        a = task.group.anchor
+        if a is not None and a.op == "matmul" and a.inputs[1].shape[0] == 8:  # the d x d projection
+            if config != task.default():
+                return c + 300.0
+            seen[task.workload_key] = seen.get(task.workload_key, 0) + 1
+            if seen[task.workload_key] == 1:
+                return c + 1000.0
+        return c
+
+    graph = MODELS["attention"].build(seq=4, d=8, heads=2)
+    measurer = Measurer(SimulatedBuilder(), SimulatedRunner(cost))
+    summary = tune(graph, Target.host(), url, 160, measurer=measurer, time_model=False, fusion="search")
+    (found,) = summary.plans
+    assert found.rule_latency_us == pytest.approx(659.0 + 300.0)
+    assert found.flipped == ["h0_5_20"] and found.latency_us == pytest.approx(448.0 + 300.0)

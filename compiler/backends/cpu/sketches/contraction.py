@@ -26,9 +26,9 @@ from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.layouts import TilePack
 from compiler.loopir import analysis as A
-from compiler.loopir.expr import free_vars
+from compiler.loopir.expr import Load, free_vars, structural_equal
 from compiler.loopir.schedule import Schedule
-from compiler.loopir.stmt import Block, Buffer, For
+from compiler.loopir.stmt import Block, For
 from compiler.target import Target
 
 NR_VALUES = (4, 8, 16, 32, 48, 64, 128)
@@ -217,13 +217,14 @@ class CpuContractionSketch(Sketch):
         sch.unroll(m_r)
         self._vector_tile(sch, init, v, nr)
         self._vector_tile(sch, epi, v, nr, view.n_dims[-1] if view.n_dims else None)
-        if config["pack_b"] == 2 and view.b_ndim is not None:  # weights packed once, at compile time
+        # weights packed once, at compile time (not when A reads the same parameter: its loads would move too)
+        if config["pack_b"] == 2 and view.b_ndim is not None and view.a is not view.b:
             sch.transform_input_layout(view.b, TilePack(view.b_ndim, nr, pad_to=nc))
             if view.n_extent % nr:
                 self._pad_lanes(sch, (mm, init))
-        elif config["pack_b"] and view.a is not view.b:  # (packing one side would redirect the other)
+        elif config["pack_b"]:
             at = top[-2] if config["parallel"] == "batch_n" else top[-1]
-            pack = self._pack(sch, mm, view.b, view.b_ndim, nr, at)
+            pack = self._pack(sch, mm, view, "b", nr, at)
             if view.b_ndim is not None and view.n_extent % nr and pack.predicate is not None:
                 # N tail: zero-pad the packed panel so the micro-kernel never predicates a vector lane
                 lane = next(
@@ -238,7 +239,7 @@ class CpuContractionSketch(Sketch):
                     sch.pad(pack, lane, fill=0.0)
                     self._pad_lanes(sch, (mm, init))
         if config["pack_a"] and view.a_mdim is not None:
-            self._pack(sch, mm, view.a, view.a_mdim, mr, m_o)
+            self._pack(sch, mm, view, "a", mr, m_o)
         if config["parallel"] != "none":
             par = top[: len(top) - 1]
             fused = fuse_loops(sch, par)
@@ -278,10 +279,18 @@ class CpuContractionSketch(Sketch):
         if rows is not None and rows.kind == "serial":
             sch.unroll(rows)
 
-    def _pack(self, sch: Schedule, mm: Block, buf: Buffer, axis: int | None, tile: int, at: For) -> Block:
-        """Copy the panel of ``buf`` used under loop ``at`` into a buffer laid out
-        [.., axis/tile, .., tile]."""
-        pack = sch.cache_read(mm, buf, "global")
+    def _pack(self, sch: Schedule, mm: Block, view: GemmView, side: str, tile: int, at: For) -> Block:
+        """Copy the panel of operand ``side`` ("a" or "b") used under loop ``at`` into a buffer laid out
+        [.., axis/tile, .., tile]. When A and B are views of one buffer (Q and K sliced from one fused
+        projection) only that side's loads read the copy; the other side keeps reading the buffer itself
+        (the copy only reads it, so the alias is safe)."""
+        buf, axis = (view.a, view.a_mdim) if side == "a" else (view.b, view.b_ndim)
+        mine = G.product_sides(mm)[0 if side == "a" else 1]
+
+        def on_this_side(ld: Load) -> bool:
+            return any(structural_equal(ld, x) for x in mine)
+
+        pack = sch.cache_read(mm, buf, "global", only=on_this_side if view.a is view.b else None)
         sch.compute_at(pack, at)
         if axis is None:
             return pack

@@ -16,7 +16,7 @@ from compiler.backends import get_backend, sketch_for
 from compiler.builder import GraphBuilder
 from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
-from compiler.graph import Graph
+from compiler.graph import Graph, Value
 from compiler.layouts import apply_input_layouts
 from compiler.loopir import evaluate
 from compiler.passes import optimize
@@ -183,7 +183,7 @@ def test_conv2d(c, o, hw, k, s, pad, dil, groups, data):
 @SETTINGS
 @given(m=st.integers(1, 16), k=st.integers(1, 9), data=st.data())
 def test_matmul_of_a_tensor_with_its_own_transpose(m, k, data):
-    """Both operands are one buffer (x @ x^T): told apart by their side of the product, never packed."""
+    """Both operands are one buffer (x @ x^T): told apart by their side of the product, each packed alone."""
     b = GraphBuilder("gram")
     x = b.input("x", (m, k))
     check_all_groups(b.build([b.matmul(x, x, transpose_b=True)]), data, "contraction")
@@ -234,3 +234,51 @@ def test_m_blocks_are_dealt_out_evenly():
     assert _balanced_tiles(16, 256, 6, 1, 2) == 2  # 22 blocks of 12 rows, not 3 of 96 (192 rows on one)
     assert _balanced_tiles(16, 1024, 8, 1, 2) == 16  # 8 blocks of 128: already even
     assert _balanced_tiles(4, 64, 8, 1, 2) == 4
+
+
+def sliced_qk_graph(s: int, heads: int, d: int, tb: bool) -> Graph:
+    """Attention scores with Q and K sliced from one [s, 2 * heads * d] input (what the horizontal Q/K/V
+    rewrite leaves): the contraction's A and B are two views of one buffer."""
+    b = GraphBuilder("sliced_qk")
+    qk = b.input("qk", (s, 2 * heads * d))
+
+    def head_view(start: int) -> Value:
+        part = b.slice(qk, [start], [start + heads * d], axes=[1])
+        return b.transpose(b.reshape(part, (s, heads, d)), (1, 0, 2))
+
+    q, k = head_view(0), head_view(heads * d)
+    if not tb:
+        k = b.transpose(k, (0, 2, 1))
+    return b.build([b.multiply(b.batch_matmul(q, k, transpose_b=tb), 0.5)])
+
+
+@SETTINGS
+@given(
+    s=st.integers(1, 12),
+    heads=st.integers(1, 3),
+    d=st.sampled_from([1, 3, 4, 8]),
+    tb=st.booleans(),
+    data=st.data(),
+)
+def test_contraction_of_two_views_of_one_buffer(s, heads, d, tb, data):
+    """A and B are slices of one buffer: every legal config, packed B / packed A included (each pack
+    redirects only its own side's loads), computes the reference."""
+    check_all_groups(sliced_qk_graph(s, heads, d, tb), data, "contraction")
+
+
+@pytest.mark.parametrize("pack_a", [0, 1])
+def test_views_of_one_buffer_pack_each_side_separately(pack_a):
+    """With pack_b (and pack_a) on, each operand view of the one buffer is copied into its own panel: the
+    product reads the packed panels, the copies read the buffer, and the result is the reference."""
+    graph = sliced_qk_graph(12, 2, 8, True)
+    group = next(g for g in fuse(optimize(graph)).groups if g.kind == "contraction")
+    sketch = sketch_for(group, CPU)
+    config = {**sketch.default(group, CPU), "pack_b": 1, "pack_a": pack_a}
+    sch = sketch.build(group, config, CPU)
+    trace = sch.show_trace()
+    assert trace.count("only=<selected loads>") == 1 + pack_a, trace
+    func = get_backend(CPU).lower(sch.func)
+    ins = inputs_for(group)
+    (out,) = evaluate(func, apply_input_layouts(func.attrs, ins))
+    (ref,) = run_reference(group.subgraph, ins)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
