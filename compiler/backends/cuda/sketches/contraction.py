@@ -69,6 +69,7 @@ every SM a block (BERT's 128x768 projections: 32x32 tiles, 96 blocks, instead of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from compiler import dtypes
@@ -81,7 +82,7 @@ from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, p
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
-from compiler.loopir.expr import IterVar, Load, Select, free_vars, walk
+from compiler.loopir.expr import IterVar, Load, Select, free_vars, structural_equal, walk
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.stmt import Block, Buffer, For
 from compiler.target import Target
@@ -375,12 +376,16 @@ def _tile(sch: Schedule, view: GemmView, epi: Block, config: Config) -> None:
     _bind_init(sch, init)
     threads_y, threads_x = (ny // warp, (nx // (WARP // warp)) * WARP) if warp else (ny, nx)
     staged = False
-    for operand, tiled in ((view.a, m_iv), (view.b, n_iv)):
-        axes = _stage_axes(mm, operand, tiled)
+    sides = G.product_sides(mm) if view.a is view.b else ([], [])
+    for (operand, tiled), mine in zip(((view.a, m_iv), (view.b, n_iv)), sides):
+        # two views of one buffer (x @ x^T, Q and K slices of a merged Q/K/V output): each side is staged
+        # apart, only its own loads read its tile (the copies only read the buffer, so they may alias it)
+        own = (lambda ld, mine=mine: any(structural_equal(ld, x) for x in mine)) if view.a is view.b else None
+        axes = _stage_axes(mm, operand, tiled, own)
         if axes is None:
             continue
         staged = True
-        copy = sch.cache_read(mm, operand, "shared")
+        copy = sch.cache_read(mm, operand, "shared", only=own)
         sch.compute_at(copy, ko)
         cache = A.writes(copy)[0]
         d_mn, d_k = axes
@@ -506,9 +511,12 @@ def _bind_epilogue(
     sch.unroll(eni)
 
 
-def _stage_axes(mm: Block, operand: Buffer, tiled: IterVar | None) -> tuple[int, int] | None:
+def _stage_axes(
+    mm: Block, operand: Buffer, tiled: IterVar | None, only: Callable[[Load], bool] | None = None
+) -> tuple[int, int] | None:
     """(axis indexed by the tiled M/N variable, axis indexed by the K variable) of ``operand`` when every
-    load of it indexes them on separate axes, no other axis uses them, and no load is under a select."""
+    load of it (``only``: every selected load) indexes them on separate axes, no other axis uses them, and
+    no load is under a select."""
     r_vars = [iv.var for iv in mm.iter_vars if iv.kind == "R"]
     if tiled is None or len(r_vars) != 1:
         return None
@@ -518,7 +526,7 @@ def _stage_axes(mm: Block, operand: Buffer, tiled: IterVar | None) -> tuple[int,
         if _under_select(st.value, operand):
             return None
         for ld in walk(st.value):
-            if not (isinstance(ld, Load) and ld.buffer is operand):
+            if not (isinstance(ld, Load) and ld.buffer is operand) or (only is not None and not only(ld)):
                 continue
             dm = [d for d, i in enumerate(ld.indices) if mv in free_vars(i)]
             dk = [d for d, i in enumerate(ld.indices) if kv in free_vars(i)]

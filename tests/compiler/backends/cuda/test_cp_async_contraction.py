@@ -23,7 +23,7 @@ from compiler.errors import ScheduleError
 from compiler.loopir import evaluate
 from compiler.loopir.expr import const
 from compiler.loopir.interp import InterpError
-from compiler.loopir.stmt import Barrier, For, Intrinsic, seq, walk_stmts
+from compiler.loopir.stmt import Allocate, Barrier, For, Intrinsic, seq, walk_stmts
 from compiler.loopir.visitor import post_order
 from compiler.reference import run_reference
 from compiler.target import Target
@@ -224,3 +224,36 @@ def test_staged_gemm_compiles_with_nvcc_without_spills(arch):
             f"{arch} {name}: {r.registers} registers, {launches[name]['shared_bytes']} B shared "
             f"(static {r.shared_bytes}), {r.spill_stores} B spilled"
         )
+
+
+def self_product(m: int, k: int, transpose_b: bool):
+    """x @ x^T (or x[:, :k] @ x for a square slice): both operands are views of one buffer."""
+    b = GraphBuilder("self")
+    x = b.input("x", (m, k))
+    return groups_of(b.build([b.matmul(x, x, transpose_b=transpose_b)]))[0]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    stages=st.sampled_from([1, 2, 3]),
+    double_buffer=st.sampled_from([0, 1]),
+    vector=st.sampled_from([1, 4]),
+    transpose_b=st.booleans(),
+    m=st.sampled_from([32, 37]),
+)
+def test_operands_that_are_one_buffer_are_each_staged_and_compute_the_reference(
+    stages, double_buffer, vector, transpose_b, m
+):
+    """Both operands read one buffer: each side gets its own shared tile (only its loads read it), so the
+    product is staged like any GEMM instead of reading global memory, and every legal config is exact."""
+    group = self_product(m, m if not transpose_b else 24, transpose_b)
+    config = {**SMALL, "vector": vector, "stages": stages, "double_buffer": double_buffer}
+    try:
+        sketch_for(group, CUDA).check(group, config, CUDA)
+    except ScheduleError as e:
+        assert "stages" in str(e) or "vector" in str(e)
+        return
+    func = check_group(group, config)
+    allocs = [s for s in walk_stmts(func.body) if isinstance(s, Allocate)]
+    shared = [s.buffer for s in allocs if s.buffer.scope == "shared"]
+    assert len(shared) >= 2, func  # one tile per side (a ring of them when staged)
