@@ -18,6 +18,7 @@ from compiler.fusion import Group, fuse
 from compiler.graph import Graph
 from compiler.layouts import apply_input_layouts
 from compiler.loopir import evaluate, lower_func
+from compiler.loopir.stmt import Allocate, walk_stmts
 from compiler.passes import optimize
 from compiler.reference import run_reference
 from compiler.target import Target
@@ -187,7 +188,11 @@ def test_the_space_holds_the_chosen_methods_knobs_only():
         "nr_x",
         "vector_x",
         "parallel_x",
+        "pad_at",
+        "row_tail",
     ]
+    pad_at = {k.name: k.values for k in SKETCH.space(direct, AVX512)}["pad_at"]
+    assert pad_at == ("once",)  # a dense convolution pads its whole input once
     assert "mr" in [k.name for k in SKETCH.space(gemm, AVX512)]
     assert "oc_tile" not in [k.name for k in SKETCH.space(gemm, AVX512)]
 
@@ -202,12 +207,41 @@ def test_an_oversized_direct_tile_is_rejected_with_its_size():
 @pytest.mark.parametrize("two_stage_bytes", [0, 1 << 20], ids=["one-stage pad", "two-stage pad"])
 @pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
 def test_both_padded_copies_compute_the_reference(two_stage_bytes, target, monkeypatch):
-    """te_ops._conv_pad: one select over the input (large copies) or rows then columns (vectorized)."""
+    """te_ops._conv_pad: one select over the input (large copies) or rows then columns (vectorized); a
+    depthwise convolution's copy is made per channel tile, always in two stages."""
     monkeypatch.setattr("compiler.te_ops.TWO_STAGE_PAD_BYTES", two_stage_bytes)
     for shape in [(3, 8, 5, 19, 3, 1, 1, 1), (1, 1, 6, 17, 3, 1, 1, 6), (6, 4, 7, 9, 3, 2, 1, 1)]:
         c, o, h, w, k, s, pad, groups = shape
         group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, "relu"))
-        config = SKETCH.default(group, target)
-        pads = [b.name for b in SKETCH.build(group, config, target).blocks() if b.name.endswith("_pad")]
-        assert len(pads) == (1 if two_stage_bytes == 0 else 2), pads
-        assert_computes(group, config, target)
+        default = SKETCH.default(group, target)
+        for pad_at in ("once", "channel_tile") if groups > 1 else (default.get("pad_at"),):
+            config = default if pad_at is None else {**default, "pad_at": pad_at}
+            pads = [b.name for b in SKETCH.build(group, config, target).blocks() if b.name.endswith("_pad")]
+            assert len(pads) == (1 if two_stage_bytes == 0 and groups == 1 else 2), pads
+            assert_computes(group, config, target)
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+def test_a_depthwise_conv_pads_per_channel_tile_and_overlaps_its_row_tail(target):
+    """MobileNetV2's depthwise 3x3 (rows of 28 pixels, 192 channels): by default each channel tile pads
+    its own channels into buffers of a few KiB (no copy of the whole input), and the row's last tile is
+    shifted back to end at the row's end (whole vectors, no row guard on the stores)."""
+    group = conv_group(conv_net(1, 1, 28, 28, 3, 1, 1, 192, "relu6"))
+    config = SKETCH.default(group, target)
+    assert config["pad_at"] == "channel_tile" and config["row_tail"] == "overlap", config
+    func = lower_func(SKETCH.build(group, config, target).func)
+    pads = [s.buffer for s in walk_stmts(func.body) if isinstance(s, Allocate) and "pad" in s.buffer.name]
+    assert len(pads) == 2 and all(b.nbytes <= 16 * 1024 for b in pads), [(b.name, b.shape) for b in pads]
+
+
+def test_overlapped_row_tiles_need_an_even_shift():
+    group = conv_group(conv_net(2, 4, 5, 13, 3, 1, 0, 1, "relu"))  # 11-pixel output rows, unpadded
+    base = {**SKETCH.default(group, AVX512), "vector_x": 4, "oc_tile": 1, "ry": 1}
+    # 11 pixels: 2 tiles of 8 at 0 and 3; 3 tiles of 4 would start at 0, 3.5, 7; 16 is a single tile
+    for nr, ok in ((8, True), (4, False), (16, False)):
+        config = {**base, "nr_x": nr, "row_tail": "overlap"}
+        if ok:
+            assert_computes(group, config, AVX512)
+        else:
+            with pytest.raises(ScheduleError, match="row_tail overlap"):
+                SKETCH.check(group, config, AVX512)
