@@ -56,12 +56,21 @@ SCALAR_TAIL_COST = 1.0
 
 def overlap_step(ow: int, nr: int) -> int | None:
     """The shift between row tiles of ``nr`` pixels that cover an output row of ``ow`` with the last tile
-    ending at the row's end (``row_tail`` overlap: tile t starts at t x step), or None when there is no
-    tail (nr divides ow), a single tile, or the tiles would not overlap evenly."""
-    tiles = -(-ow // nr)
-    if ow % nr == 0 or tiles < 2 or (ow - nr) % (tiles - 1):
+    ending at the row's end (``row_tail`` overlap: tile t starts at t x step): the fewest tiles whose
+    shifts are equal (28 pixels in tiles of 16: 2 tiles, shift 12; in tiles of 8: 5 tiles, shift 5), or
+    None when there is no tail (nr divides ow) or a single tile covers the row."""
+    if ow % nr == 0 or nr >= ow:
         return None
-    return (ow - nr) // (tiles - 1)
+    gaps = -(-ow // nr) - 1  # tiles - 1
+    while (ow - nr) % gaps:
+        gaps += 1
+    return (ow - nr) // gaps
+
+
+def overlap_tiles(ow: int, nr: int, step: int | None) -> int:
+    """Row tiles of ``nr`` pixels covering a row of ``ow``: shifted by ``step`` (overlapped), or the last
+    one running past the row's end (``step`` None)."""
+    return (ow - nr) // step + 1 if step else -(-ow // nr)
 
 
 def conv_geometry(group: Group) -> dict[str, int]:
@@ -188,8 +197,8 @@ class CpuConvSketch(Sketch):
         if config["row_tail"] == "overlap":
             if overlap_step(geo["ow"], nr) is None:
                 raise ScheduleError(
-                    f"conv: row_tail overlap needs row tiles of nr_x {nr} that evenly overlap to cover the "
-                    f"output row {geo['ow']} (at least two tiles, the same shift between each)"
+                    f"conv: row_tail overlap needs at least two row tiles of nr_x {nr} to cover the "
+                    f"output row {geo['ow']} with a tail (nr_x smaller than the row, not dividing it)"
                 )
         elif geo["ow"] % nr and not (geo["padded"] and geo["sw"] == 1):
             raise ScheduleError(
@@ -226,7 +235,7 @@ class CpuConvSketch(Sketch):
                 tail = "pad" if ow % nr == 0 or overlap_step(ow, nr) is None else "overlap"
                 if tail == "pad" and ow % nr and not tails_run:
                     continue
-                tiles = -(-ow // nr)
+                tiles = overlap_tiles(ow, nr, overlap_step(ow, nr) if tail == "overlap" else None)
                 # the pad tail's last vector stores lane by lane (a part vector): its share of the stores
                 scalar = (ow % nr) % v / ow if tail == "pad" and v > 1 else 0.0
                 for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4)):
@@ -294,7 +303,8 @@ class CpuConvSketch(Sketch):
         red = loops[4:]
         o_o, o_i = sch.split(o, [None, oc])
         y_o, y_i = sch.split(y, [None, ry])
-        x_o, x_i = sch.split(x, [None, nr])
+        step = overlap_step(geo["ow"], nr) if config["row_tail"] == "overlap" else None
+        x_o, x_i = sch.split(x, [overlap_tiles(geo["ow"], nr, step), nr])
         sch.reorder(n, o_o, y_o, x_o, *red, o_i, y_i, x_i)
         outer = [n, o_o, y_o]
         sch.reverse_compute_at(epi, x_o)
@@ -302,7 +312,6 @@ class CpuConvSketch(Sketch):
         for small in red[1:]:
             if small.extent <= 7:
                 sch.unroll(small)
-        step = overlap_step(geo["ow"], nr) if config["row_tail"] == "overlap" else None
         # whole tiles for the accumulation (the padded input copy grows to cover the row tail; an
         # overlapped row has none)
         for b in (mm, init):
@@ -390,9 +399,9 @@ class CpuConvSketch(Sketch):
             row = sch.get_loops(b)[-1]
             if lanes <= 1 or row.extent < lanes:
                 continue
-            r_o, vec = sch.split(row, [None, lanes])
-            sch.vectorize(vec)
             step = overlap_step(row.extent, lanes)
+            r_o, vec = sch.split(row, [overlap_tiles(row.extent, lanes, step), lanes])
+            sch.vectorize(vec)
             if step is not None:  # copies: a pixel stored twice gets the same value
                 cls._overlap_row_tiles([b], r_o, lanes, step)
 

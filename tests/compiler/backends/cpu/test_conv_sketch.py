@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.backends.cpu.sketches.conv import CpuConvSketch
+from compiler.backends.cpu.sketches.conv import CpuConvSketch, overlap_step
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import Group, fuse
@@ -95,6 +95,31 @@ def test_every_legal_config_computes_the_reference(
     group = conv_group(conv_net(c, o, h, w, k, s, pad, groups, epilogue))
     target = AVX2 if avx2 else AVX512
     config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in SKETCH.space(group, target)}
+    try:
+        SKETCH.check(group, config, target)
+    except ScheduleError:
+        return  # rejected up front: allowed
+    assert_computes(group, config, target)
+
+
+@SETTINGS
+@given(
+    channels=st.integers(2, 9),
+    h=st.integers(3, 9),
+    w=st.integers(3, 23),
+    s=st.integers(1, 2),
+    pad=st.integers(0, 1),
+    epilogue=st.sampled_from(["relu", "relu6", "residual"]),
+    avx2=st.booleans(),
+    data=st.data(),
+)
+def test_every_legal_depthwise_config_computes_the_reference(channels, h, w, s, pad, epilogue, avx2, data):
+    """Depthwise 3x3 convolutions (odd sizes, strides, padded or not) with ``pad_at`` (the padded copy
+    per channel tile) and ``row_tail`` (overlapped row tiles) drawn with the other knobs."""
+    group = conv_group(conv_net(1, 1, h, w, 3, s, pad, channels, epilogue))
+    target = AVX2 if avx2 else AVX512
+    space = SKETCH.space(group, target)
+    config = {k.name: data.draw(st.sampled_from(k.values), label=k.name) for k in space}
     try:
         SKETCH.check(group, config, target)
     except ScheduleError:
@@ -234,14 +259,12 @@ def test_a_depthwise_conv_pads_per_channel_tile_and_overlaps_its_row_tail(target
     assert len(pads) == 2 and all(b.nbytes <= 16 * 1024 for b in pads), [(b.name, b.shape) for b in pads]
 
 
-def test_overlapped_row_tiles_need_an_even_shift():
+def test_overlapped_row_tiles_cover_the_row_with_equal_shifts():
     group = conv_group(conv_net(2, 4, 5, 13, 3, 1, 0, 1, "relu"))  # 11-pixel output rows, unpadded
     base = {**SKETCH.default(group, AVX512), "vector_x": 4, "oc_tile": 1, "ry": 1}
-    # 11 pixels: 2 tiles of 8 at 0 and 3; 3 tiles of 4 would start at 0, 3.5, 7; 16 is a single tile
-    for nr, ok in ((8, True), (4, False), (16, False)):
-        config = {**base, "nr_x": nr, "row_tail": "overlap"}
-        if ok:
-            assert_computes(group, config, AVX512)
-        else:
-            with pytest.raises(ScheduleError, match="row_tail overlap"):
-                SKETCH.check(group, config, AVX512)
+    # 11 pixels: 2 tiles of 8 (at 0, 3); tiles of 4 at 0, 1, ..., 7 (3 tiles would start at 0, 3.5, 7)
+    assert (overlap_step(11, 8), overlap_step(11, 4), overlap_step(28, 8)) == (3, 1, 5)
+    for nr in (8, 4):
+        assert_computes(group, {**base, "nr_x": nr, "row_tail": "overlap"}, AVX512)
+    with pytest.raises(ScheduleError, match="row_tail overlap"):  # one tile of 16 covers the row
+        SKETCH.check(group, {**base, "nr_x": 16, "row_tail": "overlap"}, AVX512)
