@@ -400,6 +400,8 @@ class CpuConvSketch(Sketch):
             if lanes <= 1 or row.extent < lanes:
                 continue
             step = overlap_step(row.extent, lanes)
+            if step is not None and overlap_tiles(row.extent, lanes, step) > -(-row.extent // lanes) + 1:
+                step = None  # more than one extra vector (30 in vectors of 8 would take 12): a guarded tail
             r_o, vec = sch.split(row, [overlap_tiles(row.extent, lanes, step), lanes])
             sch.vectorize(vec)
             if step is not None:  # copies: a pixel stored twice gets the same value
