@@ -17,9 +17,13 @@ convolutions, deep windows whose rows fit the vectors, and 1x1 convolutions whos
   The weights are re-laid out at compile time to [O/OC][C/g][KH][KW][OC] (:class:`TilePack`), so the OC
   weights of one tap are adjacent scalars (broadcast into FMAs); input and output keep the graph's NCHW
   layout, so the convolution chains with every other kernel without layout conversions. A row tail (the
-  output width not a multiple of NR) runs whole vectors over the zero-padded input copy grown to cover
-  them (``Schedule.pad``); only the epilogue's stores are guarded. The padded copy's two stages (rows,
-  then columns: ``te_ops._conv_pad``) run in vectors of the target's lanes.
+  output width not a multiple of NR; ``row_tail``) runs whole vectors over the zero-padded input copy
+  grown to cover them (``Schedule.pad``; only the epilogue's stores are guarded, a part vector lane by
+  lane), or as overlapped tiles: tile t starts at t x step, the last one ending at the row's end, so every
+  load and store is a whole vector and the overlapped pixels are written twice with the same value. The
+  padded copy's two stages (rows, then columns: ``te_ops._conv_pad``) run in vectors of the target's
+  lanes, once for the whole input or, for a depthwise convolution (``pad_at`` channel_tile), under the
+  channel-tile loop into buffers of a few KiB (no per-call heap copy of the whole input).
 
 ``gemm`` — the contraction sketch's register-tiled GEMM view (M = output pixels, N = output channels,
 K = C/g x KH x KW) with the weights pre-packed at compile time and the input read in place (no packing
