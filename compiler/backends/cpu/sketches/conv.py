@@ -56,6 +56,8 @@ NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 
 # 1 + SCALAR_TAIL_COST times its FMA work (MobileNetV2's depthwise 3x3, 28-pixel rows, AVX-512, 1 thread:
 # 2 x 16 lanes with the last 12 stored lane by lane 55 us, 16-lane tiles overlapped by 4 pixels 36 us)
 SCALAR_TAIL_COST = 1.0
+# input bytes a direct tile may re-read from L2 per vector FMA at full speed (see CpuConvSketch._reread)
+REREAD_BYTES_PER_FMA = 8.0
 
 
 def overlap_step(ow: int, nr: int) -> int | None:
@@ -82,11 +84,13 @@ def conv_geometry(group: Group) -> dict[str, int]:
     node = group.anchor
     if node is None or node.op != "conv2d":
         raise ScheduleError(f"conv: group {group.name} is not anchored by a conv2d")
-    n, c, _h, _w = node.inputs[0].shape
+    n, c, h, w = node.inputs[0].shape
     o, cg, kh, kw = node.inputs[1].shape
     _n, _o, oh, ow = node.output.shape
     return {
         "n": n,
+        "h": h,
+        "w": w,
         "c": c,
         "o": o,
         "cg": cg,
@@ -253,7 +257,8 @@ class CpuConvSketch(Sketch):
                     # ties: the larger tile; a depthwise tile padding its channels itself: the fewer
                     # channels (its FMAs per load do not depend on them, its padded buffer does)
                     size = -oc if self._channel_local_pad(geo) else oc * ry * nv
-                    key = (whole, self._fmas_per_load(geo, oc, ry, nv) * v * used, size)
+                    rate = self._fmas_per_load(geo, oc, ry, nv) * v * used * self._reread(geo, target, oc, v)
+                    key = (whole, rate, size)
                     if key > best_key:
                         best, best_key = (oc, ry, nr, v, tail), key
         oc, ry, nr, v, tail = best or (1, 1, min(self._nr_values(geo)), 1, "pad")
@@ -268,6 +273,18 @@ class CpuConvSketch(Sketch):
             "pad_at": pad_at,
             "row_tail": tail,
         }
+
+    @staticmethod
+    def _reread(geo: dict[str, int], target: Target, oc: int, v: int) -> float:
+        """The share of full speed a dense convolution keeps while it re-reads its input from L2 once
+        per channel tile (the input larger than L1): bytes re-read per vector FMA, 4 v H W / (oc KH KW
+        OH OW), above ``REREAD_BYTES_PER_FMA`` slow it down in proportion. Only 1x1 convolutions reach
+        that (MobileNetV2's 32->192 expansion on 784 pixels, AVX-512: oc 4 at 16 bytes per FMA 43 us,
+        oc 6-8 at 8-11 bytes 36.5 us; a 3x3 re-reads 9 times less per FMA)."""
+        if geo["groups"] > 1 or geo["n"] * geo["c"] * geo["h"] * geo["w"] * 4 <= target.l1_bytes:
+            return 1.0
+        reread = 4 * v * geo["h"] * geo["w"] / (oc * geo["kh"] * geo["kw"] * geo["oh"] * geo["ow"])
+        return min(1.0, REREAD_BYTES_PER_FMA / reread)
 
     @staticmethod
     def _fmas_per_load(geo: dict[str, int], oc: int, ry: int, nv: int) -> float:

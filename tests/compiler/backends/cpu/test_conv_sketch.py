@@ -259,6 +259,16 @@ def test_a_depthwise_conv_pads_per_channel_tile_and_overlaps_its_row_tail(target
     assert len(pads) == 2 and all(b.nbytes <= 16 * 1024 for b in pads), [(b.name, b.shape) for b in pads]
 
 
+def test_a_flattened_pointwise_conv_takes_channel_tiles_that_spare_its_input_rereads():
+    """MobileNetV2's 1x1 expansion (32 -> 192 on 784 pixels, an input larger than L1, re-read once per
+    channel tile): the AVX-512 default takes at least 6 channels per tile (measured: oc 4 x 7 vectors 43 us,
+    82 us with an input 16 bytes off a cache line; oc 8 x 3 vectors 36.5 us either way)."""
+    group = conv_group(conv_net(32, 192, 28, 28, 1, 1, 0, 1, "relu6"))
+    config = SKETCH.default(group, AVX512)
+    assert config["method"] == "direct" and config["oc_tile"] >= 6, config
+    SKETCH.check(group, config, AVX512)
+
+
 def test_overlapped_row_tiles_cover_the_row_with_equal_shifts():
     group = conv_group(conv_net(2, 4, 5, 13, 3, 1, 0, 1, "relu"))  # 11-pixel output rows, unpadded
     base = {**SKETCH.default(group, AVX512), "vector_x": 4, "oc_tile": 1, "ry": 1}
