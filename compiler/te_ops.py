@@ -371,7 +371,7 @@ def _window(size_in: int, pos: Expr, lo: int, k: Expr, stride: int, dil: int) ->
 TWO_STAGE_PAD_BYTES = 1 << 20  # about the L2 cache of the machines measured (see _conv_pad)
 
 
-def _conv_pad(x: Tensor, padding: Sequence[int], name: str) -> list[Tensor]:
+def _conv_pad(x: Tensor, padding: Sequence[int], name: str, depthwise: bool = False) -> list[Tensor]:
     """The zero-padded copy of a convolution's input [N, C, H, W], in two stages whose every load is in
     bounds, so both vectorize along the row (a single ``select(inside, x[y - pt, x - pl], 0)`` reads
     before the first and after the last element at its corners, and stays scalar):
@@ -382,15 +382,17 @@ def _conv_pad(x: Tensor, padding: Sequence[int], name: str) -> list[Tensor]:
       x - pl], 0)``, whose reads stay inside ``rows`` thanks to its extra rows.
 
     One stage (the select over ``x``) when a side's padding is wider than the image, or when the two
-    stages' buffers together exceed ``TWO_STAGE_PAD_BYTES``: then the extra pass over memory cost more
-    than the vector selects saved (MobileNetV2's depthwise input, 192 x 28 x 28: 1.4 MiB of copies).
+    stages' buffers together exceed ``TWO_STAGE_PAD_BYTES`` for a convolution that is not depthwise
+    (``depthwise``: the CPU conv sketch makes its copy per channel tile, in a buffer of a few KiB, where
+    both stages vectorize whatever the input's size).
     """
     pt, pl, pb, pr = padding
     n_, c_, h_, w_ = x.shape
     hp, wp = h_ + pt + pb, w_ + pl + pr
     zero = const(0, x.dtype)
     two_stage_bytes = n_ * c_ * ((hp + 2) * w_ + hp * wp) * dtypes.info(x.dtype).itemsize
-    if max(pl, pr) > w_ or max(pt, pb) >= h_ or two_stage_bytes > TWO_STAGE_PAD_BYTES:
+    too_big = two_stage_bytes > TWO_STAGE_PAD_BYTES and not depthwise
+    if max(pl, pr) > w_ or max(pt, pb) >= h_ or too_big:
 
         def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
             conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]
@@ -424,7 +426,7 @@ def _conv2d(ins, attrs, out, name):
     if attrs["padding"] != (0, 0, 0, 0):
         # an explicit zero-padded copy (the "<name>_pad" stage): the CPU conv and contraction sketches keep
         # it, so the convolution's inner loop reads with plain affine indices; other schedules inline it
-        stages = _conv_pad(x, attrs["padding"], name)
+        stages = _conv_pad(x, attrs["padding"], name, depthwise=g > 1 and g == o == x.shape[1])
         src = stages[-1]
         top = left = 0
 

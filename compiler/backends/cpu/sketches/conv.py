@@ -17,9 +17,13 @@ convolutions, deep windows whose rows fit the vectors, and 1x1 convolutions whos
   The weights are re-laid out at compile time to [O/OC][C/g][KH][KW][OC] (:class:`TilePack`), so the OC
   weights of one tap are adjacent scalars (broadcast into FMAs); input and output keep the graph's NCHW
   layout, so the convolution chains with every other kernel without layout conversions. A row tail (the
-  output width not a multiple of NR) runs whole vectors over the zero-padded input copy grown to cover
-  them (``Schedule.pad``); only the epilogue's stores are guarded. The padded copy's two stages (rows,
-  then columns: ``te_ops._conv_pad``) run in vectors of the target's lanes.
+  output width not a multiple of NR; ``row_tail``) runs whole vectors over the zero-padded input copy
+  grown to cover them (``Schedule.pad``; only the epilogue's stores are guarded, a part vector lane by
+  lane), or as overlapped tiles: tile t starts at t x step, the last one ending at the row's end, so every
+  load and store is a whole vector and the overlapped pixels are written twice with the same value. The
+  padded copy's two stages (rows, then columns: ``te_ops._conv_pad``) run in vectors of the target's
+  lanes, once for the whole input or, for a depthwise convolution (``pad_at`` channel_tile), under the
+  channel-tile loop into buffers of a few KiB (no per-call heap copy of the whole input).
 
 ``gemm`` — the contraction sketch's register-tiled GEMM view (M = output pixels, N = output channels,
 K = C/g x KH x KW) with the weights pre-packed at compile time and the input read in place (no packing
@@ -32,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+from collections.abc import Sequence
 
 from compiler.backends import group_analysis as G
 from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
@@ -40,12 +45,38 @@ from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, f
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.layouts import TilePack
-from compiler.loopir.expr import free_vars
+from compiler.loopir.expr import Expr, Logical, const, free_vars, logical_and
 from compiler.loopir.schedule import Schedule
+from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
 
 NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 784 pixels)
+# the default's price of a row tail stored lane by lane: a tile whose stores are all scalar counts as
+# 1 + SCALAR_TAIL_COST times its FMA work (MobileNetV2's depthwise 3x3, 28-pixel rows, AVX-512, 1 thread:
+# 2 x 16 lanes with the last 12 stored lane by lane 55 us, 16-lane tiles overlapped by 4 pixels 36 us)
+SCALAR_TAIL_COST = 1.0
+# input bytes a direct tile may re-read from L2 per vector FMA at full speed (see CpuConvSketch._reread)
+REREAD_BYTES_PER_FMA = 8.0
+
+
+def overlap_step(ow: int, nr: int) -> int | None:
+    """The shift between row tiles of ``nr`` pixels that cover an output row of ``ow`` with the last tile
+    ending at the row's end (``row_tail`` overlap: tile t starts at t x step): the fewest tiles whose
+    shifts are equal (28 pixels in tiles of 16: 2 tiles, shift 12; in tiles of 8: 5 tiles, shift 5), or
+    None when there is no tail (nr divides ow) or a single tile covers the row."""
+    if ow % nr == 0 or nr >= ow:
+        return None
+    gaps = -(-ow // nr) - 1  # tiles - 1
+    while (ow - nr) % gaps:
+        gaps += 1
+    return (ow - nr) // gaps
+
+
+def overlap_tiles(ow: int, nr: int, step: int | None) -> int:
+    """Row tiles of ``nr`` pixels covering a row of ``ow``: shifted by ``step`` (overlapped), or the last
+    one running past the row's end (``step`` None)."""
+    return (ow - nr) // step + 1 if step else -(-ow // nr)
 
 
 def conv_geometry(group: Group) -> dict[str, int]:
@@ -53,11 +84,13 @@ def conv_geometry(group: Group) -> dict[str, int]:
     node = group.anchor
     if node is None or node.op != "conv2d":
         raise ScheduleError(f"conv: group {group.name} is not anchored by a conv2d")
-    n, c, _h, _w = node.inputs[0].shape
+    n, c, h, w = node.inputs[0].shape
     o, cg, kh, kw = node.inputs[1].shape
     _n, _o, oh, ow = node.output.shape
     return {
         "n": n,
+        "h": h,
+        "w": w,
         "c": c,
         "o": o,
         "cg": cg,
@@ -87,7 +120,7 @@ class CpuConvSketch(Sketch):
     with pre-packed weights (see the module docstring)."""
 
     name = "conv"
-    version = 1
+    version = 2
     kinds = ("contraction",)
 
     def __init__(self) -> None:
@@ -107,7 +140,8 @@ class CpuConvSketch(Sketch):
           ``gemm`` (with 16 registers the direct tile holds 8-12 accumulators and lost to the GEMM view
           on ResNet's 3x3 64->64 at 28x28, whose rows end in a part vector);
         - a shallow or grouped window (a first layer, a depthwise convolution): ``direct`` when some
-          register tile runs its rows, else ``gemm``."""
+          register tile runs its rows (whole tiles, tiles over the padded copy, or overlapped tiles:
+          ``row_tail``), else ``gemm``."""
         geo = conv_geometry(group)
         depth = geo["cg"] * geo["kh"] * geo["kw"]
         whole = geo["ow"] % target.vector_lanes_f32 == 0
@@ -116,7 +150,14 @@ class CpuConvSketch(Sketch):
             return "direct" if geo["oh"] == 1 and whole and geo["sw"] == 1 else "gemm"
         if depth > 64 and geo["groups"] == 1:
             return "direct" if whole or (rows_fit and registers(target) >= 32) else "gemm"
-        return "direct" if rows_fit or any(geo["ow"] % nr == 0 for nr in self._nr_values(geo)) else "gemm"
+        tiles_fit = any(geo["ow"] % nr == 0 or overlap_step(geo["ow"], nr) for nr in self._nr_values(geo))
+        return "direct" if rows_fit or tiles_fit else "gemm"
+
+    @staticmethod
+    def _channel_local_pad(geo: dict[str, int]) -> bool:
+        """A padded depthwise convolution (one input channel per output channel): a channel tile reads
+        only its own channels, so it can pad them itself."""
+        return bool(geo["padded"]) and geo["cg"] == 1 and geo["groups"] == geo["o"] == geo["c"]
 
     @staticmethod
     def _nr_values(geo: dict[str, int]) -> tuple[int, ...]:
@@ -136,6 +177,18 @@ class CpuConvSketch(Sketch):
             Knob("nr_x", self._nr_values(geo), "output pixels of one row per register tile"),
             Knob("vector_x", vectors, "SIMD lanes along the output row"),
             Knob("parallel_x", ("outer", "none"), "OpenMP over batch x channel tiles x row tiles"),
+            Knob(
+                "pad_at",
+                ("channel_tile", "once") if self._channel_local_pad(geo) else ("once",),
+                "the zero-padded input copy: once for the whole input, or per channel tile inside it (a "
+                "depthwise convolution: each channel tile pads its own channels into a small buffer)",
+            ),
+            Knob(
+                "row_tail",
+                ("pad", "overlap"),
+                "a row that nr_x does not divide: whole tiles over the padded input copy, the tail stores "
+                "guarded (pad), or the last tile shifted back to end at the row's end (overlap)",
+            ),
         ]
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
@@ -149,7 +202,13 @@ class CpuConvSketch(Sketch):
         regs = config["oc_tile"] * config["ry"] * (nr // v)
         if v > 1 and regs > registers(target) - 2:
             raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
-        if geo["ow"] % nr and not (geo["padded"] and geo["sw"] == 1):
+        if config["row_tail"] == "overlap":
+            if overlap_step(geo["ow"], nr) is None:
+                raise ScheduleError(
+                    f"conv: row_tail overlap needs at least two row tiles of nr_x {nr} to cover the "
+                    f"output row {geo['ow']} with a tail (nr_x smaller than the row, not dividing it)"
+                )
+        elif geo["ow"] % nr and not (geo["padded"] and geo["sw"] == 1):
             raise ScheduleError(
                 f"conv: nr_x {nr} does not divide the output row {geo['ow']} and there is no padded "
                 "input copy to run the row tail on"
@@ -171,28 +230,68 @@ class CpuConvSketch(Sketch):
 
     def _direct_default(self, group: Group, target: Target, geo: dict[str, int]) -> Config:
         """The register tile (lanes, row pixels, channels, rows) with the most useful FMA lanes per load:
-        FMAs per load (:meth:`_fmas_per_load`) x vector lanes, less the lanes wasted on tail tiles."""
+        FMAs per load (:meth:`_fmas_per_load`) x vector lanes, less the lanes wasted on tail tiles and on
+        the tail's scalar stores (:data:`SCALAR_TAIL_COST`); a row tail runs shifted back (``overlap``,
+        vector stores) when the tiles allow it, else over the padded copy (``pad``)."""
         ow, budget = geo["ow"], registers(target) - 4
         tails_run = geo["padded"] and geo["sw"] == 1  # whole vectors over the padded copy
-        best, best_key = None, (False, -1.0, 0)
+        # a depthwise tile padding its channels itself: at most 2 rows (MobileNetV2's depthwise 3x3,
+        # 1 channel x 16 px, AVX-512: ry 1 29.8 us, ry 2 25.0 us, ry 4 34.7 us; AVX2 52.7 / 52.5 us)
+        rows = (1, 2) if self._channel_local_pad(geo) else (1, 2, 4)
+        best, best_key = None, (False, False, -1.0, -(10**9))
         for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
             for nr in self._nr_values(geo):
-                if nr % v or (ow % nr and not tails_run) or nr // v > 7:
+                if nr % v or nr // v > 7:
                     continue
-                for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), (1, 2, 4)):
+                tail = "pad" if ow % nr == 0 or overlap_step(ow, nr) is None else "overlap"
+                if tail == "pad" and ow % nr and not tails_run:
+                    continue
+                tiles = overlap_tiles(ow, nr, overlap_step(ow, nr) if tail == "overlap" else None)
+                # the pad tail's last vector stores lane by lane (a part vector): its share of the stores
+                scalar = (ow % nr) % v / ow if tail == "pad" and v > 1 else 0.0
+                for oc, ry in itertools.product((1, 2, 4, 6, 8, 12), rows):
                     nv = nr // v
                     if oc * ry * nv > budget or oc > max(1, geo["o"]) or ry > geo["oh"]:
                         continue
-                    used = ow / (-(-ow // nr) * nr) * geo["oh"] / (-(-geo["oh"] // ry) * ry)
-                    used *= geo["o"] / (-(-geo["o"] // oc) * oc)
+                    used = ow / (tiles * nr) * geo["oh"] / (-(-geo["oh"] // ry) * ry)
+                    used *= geo["o"] / (-(-geo["o"] // oc) * oc) / (1 + SCALAR_TAIL_COST * scalar)
                     # a channel tile that does not divide O guards its FMAs inside the reduction loop
                     whole = geo["o"] % oc == 0 or oc > geo["o"]
-                    key = (whole, self._fmas_per_load(geo, oc, ry, nv) * v * used, oc * ry * nv)
+                    # ties: the larger tile; a depthwise tile padding its channels itself: the fewer
+                    # channels (its FMAs per load do not depend on them, its padded buffer does)
+                    size = -oc if self._channel_local_pad(geo) else oc * ry * nv
+                    rate = self._fmas_per_load(geo, oc, ry, nv) * v * used * self._reread(geo, target, oc, v)
+                    # a depthwise tile padding its channels itself avoids lane-by-lane tails whenever
+                    # it can (AVX2, 28-pixel rows, 1 channel x 2 rows: 4 x 8 lanes, the last half
+                    # stored lane by lane, 58.7 us; 2 x 8 lanes overlapped 52.8 us)
+                    clean = not (self._channel_local_pad(geo) and tail == "pad" and ow % nr)
+                    key = (whole, clean, rate, size)
                     if key > best_key:
-                        best, best_key = (oc, ry, nr, v), key
-        oc, ry, nr, v = best or (1, 1, min(self._nr_values(geo)), 1)
+                        best, best_key = (oc, ry, nr, v, tail), key
+        oc, ry, nr, v, tail = best or (1, 1, min(self._nr_values(geo)), 1, "pad")
         parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
-        return {"oc_tile": oc, "ry": ry, "nr_x": nr, "vector_x": v, "parallel_x": parallel}
+        pad_at = "channel_tile" if self._channel_local_pad(geo) else "once"
+        return {
+            "oc_tile": oc,
+            "ry": ry,
+            "nr_x": nr,
+            "vector_x": v,
+            "parallel_x": parallel,
+            "pad_at": pad_at,
+            "row_tail": tail,
+        }
+
+    @staticmethod
+    def _reread(geo: dict[str, int], target: Target, oc: int, v: int) -> float:
+        """The share of full speed a dense convolution keeps while it re-reads its input from L2 once
+        per channel tile (the input larger than L1): bytes re-read per vector FMA, 4 v H W / (oc KH KW
+        OH OW), above ``REREAD_BYTES_PER_FMA`` slow it down in proportion. Only 1x1 convolutions reach
+        that (MobileNetV2's 32->192 expansion on 784 pixels, AVX-512: oc 4 at 16 bytes per FMA 43 us,
+        oc 6-8 at 8-11 bytes 36.5 us; a 3x3 re-reads 9 times less per FMA)."""
+        if geo["groups"] > 1 or geo["n"] * geo["c"] * geo["h"] * geo["w"] * 4 <= target.l1_bytes:
+            return 1.0
+        reread = 4 * v * geo["h"] * geo["w"] / (oc * geo["kh"] * geo["kw"] * geo["oh"] * geo["ow"])
+        return min(1.0, REREAD_BYTES_PER_FMA / reread)
 
     @staticmethod
     def _fmas_per_load(geo: dict[str, int], oc: int, ry: int, nv: int) -> float:
@@ -224,6 +323,7 @@ class CpuConvSketch(Sketch):
 
     def _direct(self, group: Group, config: Config, target: Target) -> Schedule:
         oc, ry, nr, v = config["oc_tile"], config["ry"], config["nr_x"], config["vector_x"]
+        geo = conv_geometry(group)
         sch, blocks = prepare(group, keep=lambda _sch, b: b.name.endswith("_pad"))
         mm, epi = contraction_stages(sch, blocks)
         loops = sch.get_loops(mm)
@@ -231,7 +331,8 @@ class CpuConvSketch(Sketch):
         red = loops[4:]
         o_o, o_i = sch.split(o, [None, oc])
         y_o, y_i = sch.split(y, [None, ry])
-        x_o, x_i = sch.split(x, [None, nr])
+        step = overlap_step(geo["ow"], nr) if config["row_tail"] == "overlap" else None
+        x_o, x_i = sch.split(x, [overlap_tiles(geo["ow"], nr, step), nr])
         sch.reorder(n, o_o, y_o, x_o, *red, o_i, y_i, x_i)
         outer = [n, o_o, y_o]
         sch.reverse_compute_at(epi, x_o)
@@ -239,9 +340,12 @@ class CpuConvSketch(Sketch):
         for small in red[1:]:
             if small.extent <= 7:
                 sch.unroll(small)
-        # whole tiles for the accumulation (the padded input copy grows to cover the row tail)
+        # whole tiles for the accumulation (the padded input copy grows to cover the row tail; an
+        # overlapped row has none)
         for b in (mm, init):
             for lp in sch.get_loops(b)[-3:]:
+                if step is not None and lp is sch.get_loops(b)[-1]:
+                    continue
                 if b.predicate is not None and lp.var in free_vars(b.predicate):
                     with contextlib.suppress(ScheduleError):  # an input read in place keeps its guard
                         sch.pad(b, lp)
@@ -249,7 +353,13 @@ class CpuConvSketch(Sketch):
         sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
         for b in (mm, init, epi):
             self._vector_tile(sch, b, v, x_o)
-        self._schedule_pad(sch, config, target)
+        if step is not None:
+            self._overlap_row_tiles((mm, init, epi), x_o, nr, step)
+        if config["pad_at"] == "channel_tile":
+            self._pad_per_channel_tile(sch, o_o, target.vector_lanes_f32)
+            outer = [n, o_o]
+        else:
+            self._schedule_pad(sch, config, target)
         if config["parallel_x"] == "outer":
             fused = fuse_loops(sch, outer)
             if fused is not None and fused.extent > 1:
@@ -274,6 +384,58 @@ class CpuConvSketch(Sketch):
             sch.unroll(lp)
 
     @staticmethod
+    def _overlap_row_tiles(blocks: Sequence[Block], x_o: For, nr: int, step: int) -> None:
+        """Row tile ``x_o`` starts at ``x_o * step`` instead of ``x_o * nr`` (``row_tail`` overlap): the
+        last tile ends at the row's end, the tiles before it overlap by ``nr - step`` pixels, which are
+        computed twice and stored twice with the same value (kernel parameters never alias). Every pixel a
+        tile touches is inside the row, so the row guards (the predicate's conjuncts on ``x_o``) go."""
+        shift = const(step - nr, x_o.var.dtype) * x_o.var
+        for b in blocks:
+            b.bindings = [simplify(e + shift) if x_o.var in free_vars(e) else e for e in b.bindings]
+            if b.predicate is not None:
+                kept = [c for c in conjuncts(b.predicate) if x_o.var not in free_vars(c)]
+                b.predicate = logical_and(*kept) if kept else None
+
+    @classmethod
+    def _pad_per_channel_tile(cls, sch: Schedule, o_o: For, lanes: int) -> None:
+        """``pad_at`` channel_tile: the padded copy's stages computed under the channel-tile loop ``o_o``,
+        so each tile pads its own channels into a buffer of a few KiB (on the stack, in L1) instead of
+        one copy of the whole input allocated on every call. The rows stage copies the input's rows only
+        (its region grew by the columns stage's reads one pixel beyond each end of a row, which that
+        stage's select discards); both stages run in vectors of the target's lanes."""
+        pads = [b for b in sch.blocks() if b.name.endswith("_pad")]
+        cols = next(b for b in pads if not b.name.endswith("_rows_pad"))
+        rows = next((b for b in pads if b.name.endswith("_rows_pad")), None)
+        sch.compute_at(cols, o_o)
+        if rows is None:  # one stage (a pad wider than the image): its select stays scalar
+            return
+        sch.compute_at(rows, o_o)
+        # the rows stage's whole image (its extra zero rows included) and the input's rows only: its
+        # region was the columns stage's reads, which start one row in and reach one pixel beyond each
+        # end of a row (pixels that stage's select discards); with the extra rows kept, those reads stay
+        # inside the tile's buffer, so the columns stage vectorizes
+        y_loop, x_loop = sch.get_loops(rows)[-2:]
+        for d, lp in ((2, y_loop), (3, x_loop)):
+            if rows.bindings[d] is lp.var or lp.var not in free_vars(rows.bindings[d]):
+                continue
+            lp.extent = rows.iter_vars[d].extent
+            rows.bindings = [lp.var if k == d else e for k, e in enumerate(rows.bindings)]
+            if rows.predicate is not None:
+                kept = [c for c in conjuncts(rows.predicate) if lp.var not in free_vars(c)]
+                rows.predicate = logical_and(*kept) if kept else None
+        for b in (rows, cols):
+            row = sch.get_loops(b)[-1]
+            if lanes <= 1 or row.extent < lanes:
+                continue
+            step = overlap_step(row.extent, lanes)
+            if step is not None and overlap_tiles(row.extent, lanes, step) > -(-row.extent // lanes) + 1:
+                step = None  # more than one extra vector (30 in vectors of 8 would take 12): a guarded tail
+            r_o, vec = sch.split(row, [overlap_tiles(row.extent, lanes, step), lanes])
+            sch.vectorize(vec)
+            if step is not None:  # copies: a pixel stored twice gets the same value
+                cls._overlap_row_tiles([b], r_o, lanes, step)
+
+    @staticmethod
     def _schedule_pad(sch: Schedule, config: Config, target: Target) -> None:
         """The zero-padded input copy (te_ops' two stages, rows then columns, or one): each stage one
         pass, parallel over its outer axes when big enough; the column stage in vectors of the target's
@@ -295,6 +457,13 @@ class CpuConvSketch(Sketch):
             if lanes > 1 and row.extent >= lanes:
                 _rest, vec = sch.split(row, [None, lanes])
                 sch.vectorize(vec)
+
+
+def conjuncts(e: Expr) -> list[Expr]:
+    """The terms of a conjunction (``a && b && ...``)."""
+    if isinstance(e, Logical) and e.op == "and" and e.b is not None:
+        return conjuncts(e.a) + conjuncts(e.b)
+    return [e]
 
 
 def registers(target: Target) -> int:
