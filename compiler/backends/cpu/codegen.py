@@ -18,8 +18,9 @@ the target's vector width, register promotion of local buffers (``compiler.loopi
 (``compiler.backends.cpu.vectorize``), expansion of scalar loops over promoted buffers. The printer writes
 vector expressions with GCC vector extensions (``kiln_f32x16`` & co. from the prelude: ``kiln_load_f32x16``,
 ``kiln_store_f32x16``, ``kiln_splat_f32x16``, ``kiln_iota_i32x16``, ``kiln_sel_f32x16``, masks as int32
-lanes of 0 / -1; a scalar operand of ``+ - * /`` or of a comparison is written as is, which GCC broadcasts)
-and a ``vectorized`` loop that stayed scalar with ``#pragma GCC ivdep``.
+lanes of 0 / -1; a scalar operand of ``+ - * /`` or of a comparison is written as is, which GCC broadcasts;
+a stride-2 gather of one buffer as two contiguous loads and a ``__builtin_shuffle`` of their even lanes,
+:meth:`CPrinter.stride2_load`) and a ``vectorized`` loop that stayed scalar with ``#pragma GCC ivdep``.
 
 Loop variables are ``int32_t``; a kernel some index of which can pass 2^31 - 1 (a buffer of more than
 2^31 - 1 elements, a longer loop, an overflowing intermediate product: ``compiler.loopir.index_width``) is
