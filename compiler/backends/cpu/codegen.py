@@ -18,8 +18,9 @@ the target's vector width, register promotion of local buffers (``compiler.loopi
 (``compiler.backends.cpu.vectorize``), expansion of scalar loops over promoted buffers. The printer writes
 vector expressions with GCC vector extensions (``kiln_f32x16`` & co. from the prelude: ``kiln_load_f32x16``,
 ``kiln_store_f32x16``, ``kiln_splat_f32x16``, ``kiln_iota_i32x16``, ``kiln_sel_f32x16``, masks as int32
-lanes of 0 / -1; a scalar operand of ``+ - * /`` or of a comparison is written as is, which GCC broadcasts)
-and a ``vectorized`` loop that stayed scalar with ``#pragma GCC ivdep``.
+lanes of 0 / -1; a scalar operand of ``+ - * /`` or of a comparison is written as is, which GCC broadcasts;
+a stride-2 gather of one buffer as two contiguous loads and a ``__builtin_shuffle`` of their even lanes,
+:meth:`CPrinter.stride2_load`) and a ``vectorized`` loop that stayed scalar with ``#pragma GCC ivdep``.
 
 Loop variables are ``int32_t``; a kernel some index of which can pass 2^31 - 1 (a buffer of more than
 2^31 - 1 elements, a longer loop, an overflowing intermediate product: ``compiler.loopir.index_width``) is
@@ -369,7 +370,7 @@ class CPrinter(CStylePrinter):
                 return f"kiln_splat_i32x{w}(-(int32_t){self.expr(e.value)})"
             return f"kiln_splat_{vt}({self.top(e.value)})"
         if isinstance(e, MakeVector):
-            return f"(kiln_{vt}){{{', '.join(self.expr(x) for x in e.elems)}}}"
+            return self.stride2_load(e, vt) or f"(kiln_{vt}){{{', '.join(self.expr(x) for x in e.elems)}}}"
         if isinstance(e, Binary):
             if e.op in _INFIX:
                 op = {"//": "/"}.get(e.op, e.op)  # the vectorizer proved both sides non-negative
@@ -392,6 +393,26 @@ class CPrinter(CStylePrinter):
         if isinstance(e, Call):
             return self.vector_call(e, vt, w)
         raise CompileError(f"cannot generate C for the vector expression {type(e).__name__}")
+
+    def stride2_load(self, e: MakeVector, vt: str) -> str | None:
+        """A gather of the elements ``p[0], p[2], .., p[2W-2]`` of one buffer (a stride-2 pooling tap) as two
+        contiguous loads deinterleaved: the even lanes of ``p[0..W-1]`` and the odd lanes of
+        ``p[W-1..2W-2]`` (the second load starts one element early, so nothing past ``p[2W-2]`` is read);
+        None for any other gather."""
+        first = e.elems[0]
+        if not isinstance(first, Load) or first.lanes != 1 or first.buffer in self.promoted:
+            return None
+        w = len(e.elems)
+        base = self.flat_index(first.buffer, first.indices)
+        for k, x in enumerate(e.elems):
+            if not (isinstance(x, Load) and x.buffer is first.buffer and x.lanes == 1):
+                return None
+            if not _is(self.simplified(self.flat_index(x.buffer, x.indices) - base), 2 * k):
+                return None
+        p = f"&{self.buf_name(first.buffer)}[{self.top(base)}]"
+        lanes = [*range(0, w, 2), *range(w + 1, 2 * w, 2)]
+        mask = f"(kiln_{vt.replace('f32', 'i32')}){{{', '.join(map(str, lanes))}}}"
+        return f"__builtin_shuffle(kiln_load_{vt}({p}), kiln_load_{vt}({p} + {w - 1}), {mask})"
 
     def vector_cast(self, e: Cast, w: int) -> str:
         src = element_dtype(e.value.dtype)

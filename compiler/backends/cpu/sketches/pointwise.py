@@ -127,7 +127,8 @@ def _schedule_output(sch: Schedule, out: Block, config: Config) -> None:
 def _schedule_window_rows(sch: Schedule, out: Block, config: Config) -> None:
     """A pooling group with ``vector`` lanes: the output row is split into vectors of outputs, and each
     window (its own stage, or the output block itself) is computed per vector with its window loops outside
-    the vector loop, so every window tap is one (strided) vector load and one lane-wise max/add."""
+    the vector loop, so every window tap is one vector load (a stride-2 tap: a gather that the C printer
+    writes as two contiguous loads deinterleaved) and one lane-wise max/add."""
     loops = sch.get_loops(out)
     n_sp = G.n_spatial(out)
     spatial = loops[:n_sp]

@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compiler.backends import get_backend, sketch_for
+from compiler.backends.cpu import gcc as cbuild
+from compiler.backends.cpu.codegen import generate_c
 from compiler.builder import GraphBuilder
 from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
@@ -119,6 +121,34 @@ def test_pooling_vector_rows(lanes, k, s, pad, avg, incl, data):
     ins = inputs_for(group)
     (out,) = evaluate(func, apply_input_layouts(func.attrs, ins))
     np.testing.assert_allclose(out, run_reference(group.subgraph, ins)[0], rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(
+    lanes=st.sampled_from([4, 8, 16]),
+    k=st.integers(2, 3),
+    pad=st.integers(0, 1),
+    data=st.data(),
+)
+def test_stride2_pooling_in_c(lanes, k, pad, data):
+    """Stride-2 max pools vectorized along the output row, compiled to C for every ISA (input rows of odd
+    width): each unpadded window tap is two contiguous vector loads deinterleaved (``__builtin_shuffle``),
+    padded ones stay scalar windows, and both compute the reference."""
+    hw = next(h for h in range(4, 80, 2) if ((h + 1 + 2 * pad - k) // 2 + 1) % lanes == 0)
+    graph = pooling_graph(hw, k, 2, pad, False)
+    target = data.draw(st.sampled_from([t for t in TARGETS if t.vector_lanes_f32 >= lanes]), label="target")
+    (group,) = [g for g in fuse(optimize(graph)).groups if g.kind == "pointwise" and not g.is_view]
+    sketch = sketch_for(group, target)
+    config = {**sketch.default(group, target), "vector": lanes}
+    config["parallel"] = data.draw(st.sampled_from(["outer", "none"]), label="parallel")
+    func = get_backend(target).lower(sketch.build(group, config, target).func)
+    src = generate_c([func], target)
+    assert ("__builtin_shuffle(kiln_load_f32x" in src) == (pad == 0)
+    ins = [np.ascontiguousarray(x) for x in apply_input_layouts(func.attrs, inputs_for(group))]
+    (ref,) = run_reference(group.subgraph, inputs_for(group))
+    out = np.full(ref.shape, np.nan, np.float32)
+    cbuild.build(src).function(func.name, 2)(ins[0].ctypes.data, out.ctypes.data)
+    np.testing.assert_array_equal(out, ref)
 
 
 @SETTINGS
