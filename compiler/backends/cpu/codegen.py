@@ -10,8 +10,13 @@ Loop kinds: ``parallel`` -> the outermost parallel loop is outlined into a chunk
 struct and run by ``kiln_parallel_for`` on the pool (nested ones run serially inside it; with
 ``parallel="openmp"`` / ``$KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``);
 ``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError.
-Allocations up to 64 KiB are aligned stack arrays, larger ones ``aligned_alloc``/``free`` around their
-body.
+Allocations up to 64 KiB are aligned stack arrays. Larger ones outside parallel loops are
+``static __thread`` arrays (64-byte aligned, one per allocation and calling thread, allocated by the C runtime
+on the thread's first call and reused by every later call: no per-call ``aligned_alloc``/``free``, whose
+mmap/trim thresholds made calls with 1 MB scratch bimodal; threads calling the library at once each have
+their own, so calls stay reentrant across threads; the memory stays until the library is unloaded). Larger
+ones inside a parallel loop are still ``aligned_alloc``/``free`` around their body (each pool thread
+allocates its own).
 
 Before printing, :func:`prepare` runs the C target's loop-IR passes on each kernel: vectorized loops split to
 the target's vector width, register promotion of local buffers (``compiler.loopir.promote``), explicit SIMD
@@ -79,7 +84,7 @@ STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 # (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
 STREAM_STORES = "stream_stores"
-CODEGEN_VERSION = "c-4"  # bump when generated code changes meaning (part of the kernel cache key)
+CODEGEN_VERSION = "c-5"  # bump when generated code changes meaning (part of the kernel cache key)
 # how parallel loops run: "pool" (compiler.backends.cpu.pool, the default) or "openmp" (``#pragma omp``;
 # the library must be built with -fopenmp: gcc.flags_for() adds it). $KILN_CPU_PARALLEL picks the default.
 PARALLEL_RUNTIMES = ("pool", "openmp")
@@ -428,6 +433,15 @@ class CPrinter(CStylePrinter):
         n = max(buf.numel, 1)
         if buf.nbytes <= STACK_LIMIT:
             return [f"{t} {name}[{n}] __attribute__((aligned(64)));"], []
+        if not self.in_parallel:  # reused by every call of this thread (see the module doc)
+            scratch = self.names.fresh(f"{name}_scratch")
+            return (
+                [
+                    f"static __thread {t} {scratch}[{n}] __attribute__((aligned(64)));",
+                    f"{t}* {self.restrict} {name} = {scratch};",
+                ],
+                [],
+            )
         size = -(-buf.nbytes // 64) * 64
         return (
             [f"{t}* {self.restrict} {name} = ({t}*)aligned_alloc(64, {size});", f"if (!{name}) abort();"],
