@@ -14,8 +14,8 @@ input runs up to 2x slower (MobileNetV2's first kernel: 43 vs 83 us), so any oth
 call and every call of :meth:`bind`'s function, since the caller may change the array in between).
 ``out=`` arrays are written in place (they must not overlap an input). Scratch buffers over 64 KiB inside a
 kernel are per-thread arrays kept across calls (:mod:`compiler.backends.cpu.codegen`). One model object
-runs one call at a time (its buffer slots are shared). One call costs a few microseconds of Python around the one ctypes call
-into ``kiln_run``.
+runs one call at a time (its buffer slots are shared). One call costs a few microseconds of Python around
+the one ctypes call into ``kiln_run``.
 
 A saved CPU model also holds ``model.so``; loading uses it only when it was built on a CPU like this one
 (same target key and features: ``-march=native`` code may not run elsewhere) by the same gcc, and
