@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.backends.cpu.executor import CpuCompiledModel
+from compiler.backends.cpu.executor import STAGE_L2_FRACTION, CpuCompiledModel
 from compiler.backends.cuda.executor import CudaCompiledModel
 from compiler.errors import KilnError
 from compiler.loopir.expr import Load, Var, call
@@ -310,3 +310,12 @@ def test_aligned_inputs_are_bound_in_place(model: CompiledModel):
     x = _misaligned(np.zeros((4, 8), np.float32), 0)
     model.run([x])
     assert model._slots[model.inputs[0]] == x.ctypes.data
+
+
+def test_misaligned_inputs_over_the_staging_limit_are_read_in_place():
+    model = make_model()
+    model._stage_limit = 64  # below the input's 128 bytes
+    x = _misaligned(np.arange(32, dtype=np.float32).reshape(4, 8), 16)
+    np.testing.assert_array_equal(model.run([x])[1], x - 1)
+    assert model._slots[model.inputs[0]] == x.ctypes.data
+    assert make_model()._stage_limit == int(make_model().target.l2_bytes * STAGE_L2_FRACTION) >= 128
