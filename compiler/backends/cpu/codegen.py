@@ -10,13 +10,14 @@ Loop kinds: ``parallel`` -> the outermost parallel loop is outlined into a chunk
 struct and run by ``kiln_parallel_for`` on the pool (nested ones run serially inside it; with
 ``parallel="openmp"`` / ``$KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``);
 ``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError.
-Allocations up to 64 KiB are aligned stack arrays. Larger ones outside parallel loops are
-``static __thread`` arrays (64-byte aligned, one per allocation and calling thread, allocated by the C runtime
-on the thread's first call and reused by every later call: no per-call ``aligned_alloc``/``free``, whose
-mmap/trim thresholds made calls with 1 MB scratch bimodal; threads calling the library at once each have
-their own, so calls stay reentrant across threads; the memory stays until the library is unloaded). Larger
-ones inside a parallel loop are still ``aligned_alloc``/``free`` around their body (each pool thread
-allocates its own).
+Allocations up to 64 KiB are aligned stack arrays. Larger ones outside parallel loops are slices of
+``static __thread unsigned char kiln_scratch[N]`` (64-byte aligned; N is the largest sum over one kernel's
+such allocations, since a library's kernels run one after another on a thread: the same memory, warm in
+cache, serves every kernel). It is allocated by the C runtime on each calling thread's first call and reused
+by every later call: no per-call ``aligned_alloc``/``free``, whose mmap/trim thresholds made calls with
+1 MB scratch bimodal; threads calling the library at once each have their own, so calls stay reentrant
+across threads; the memory stays until the library is unloaded. Larger ones inside a parallel loop are still
+``aligned_alloc``/``free`` around their body (each pool thread allocates its own).
 
 Before printing, :func:`prepare` runs the C target's loop-IR passes on each kernel: vectorized loops split to
 the target's vector width, register promotion of local buffers (``compiler.loopir.promote``), explicit SIMD
@@ -85,6 +86,7 @@ STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
 STREAM_STORES = "stream_stores"
 CODEGEN_VERSION = "c-5"  # bump when generated code changes meaning (part of the kernel cache key)
+SCRATCH = "kiln_scratch"  # the per-thread scratch array of a library (see the module doc)
 # how parallel loops run: "pool" (compiler.backends.cpu.pool, the default) or "openmp" (``#pragma omp``;
 # the library must be built with -fopenmp: gcc.flags_for() adds it). $KILN_CPU_PARALLEL picks the default.
 PARALLEL_RUNTIMES = ("pool", "openmp")
@@ -151,10 +153,20 @@ class CPrinter(CStylePrinter):
         self.prelude = Prelude()  # the parts of the math library the printed code uses
         self.uses_pool = False  # some kernel has a parallel loop (the pool is printed)
         self.outlined: list[str] = []
+        self.scratch_bytes = 0  # size of SCRATCH: the most any kernel printed so far uses
+        self._scratch_used = 0
 
     def _reset(self, func: PrimFunc | None) -> None:
         super()._reset(func)
         self.outlined = []  # chunk functions of the kernel being printed
+        self._scratch_used = 0  # bytes of SCRATCH the kernel being printed has placed so far
+
+    def scratch_decl(self) -> str:
+        """The declaration of SCRATCH (empty when no kernel uses it)."""
+        if not self.scratch_bytes:
+            return ""
+        size = self.scratch_bytes
+        return f"static __thread unsigned char {SCRATCH}[{size}] __attribute__((aligned(64)));\n"
 
     def math_call(self, name: str, args: list[str], dtype: str) -> str:
         a = args[0] if args else ""
@@ -433,16 +445,12 @@ class CPrinter(CStylePrinter):
         n = max(buf.numel, 1)
         if buf.nbytes <= STACK_LIMIT:
             return [f"{t} {name}[{n}] __attribute__((aligned(64)));"], []
-        if not self.in_parallel:  # reused by every call of this thread (see the module doc)
-            scratch = self.names.fresh(f"{name}_scratch")
-            return (
-                [
-                    f"static __thread {t} {scratch}[{n}] __attribute__((aligned(64)));",
-                    f"{t}* {self.restrict} {name} = {scratch};",
-                ],
-                [],
-            )
         size = -(-buf.nbytes // 64) * 64
+        if not self.in_parallel:  # a slice of the thread's scratch array (see the module doc)
+            offset = self._scratch_used
+            self._scratch_used += size
+            self.scratch_bytes = max(self.scratch_bytes, self._scratch_used)
+            return [f"{t}* {self.restrict} {name} = ({t}*)({SCRATCH} + {offset});"], []
         return (
             [f"{t}* {self.restrict} {name} = ({t}*)aligned_alloc(64, {size});", f"if (!{name}) abort();"],
             [f"free({name});"],
@@ -462,7 +470,7 @@ def generate_c(
     seen: dict[str, PrimFunc] = {}
     kernels = []
     for f in funcs:
-        if sanitize(f.name) != f.name or f.name in ("kiln_run", "kiln_set_num_threads"):
+        if sanitize(f.name) != f.name or f.name in ("kiln_run", "kiln_set_num_threads", SCRATCH):
             raise CompileError(f"kernel name {f.name!r} is not a valid C identifier (or is reserved)")
         if f.name in seen:
             raise CompileError(f"two kernels are named {f.name!r}")
@@ -480,7 +488,8 @@ def generate_c(
         )
     else:
         runtime = pool.pool_source() if printer.uses_pool else pool.SERIAL_C
-    parts = [f"/* generated by kiln ({CODEGEN_VERSION}) */", runtime, printer.prelude.render(), *kernels]
+    parts = [f"/* generated by kiln ({CODEGEN_VERSION}) */", runtime, printer.prelude.render()]
+    parts += [printer.scratch_decl(), *kernels]
     if launches is not None:
         parts.append(_entry(seen, launches))
     return "\n".join(parts)

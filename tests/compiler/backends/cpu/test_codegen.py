@@ -255,9 +255,14 @@ def _reverse_through_scratch(n: int, name: str, parallel: bool) -> PrimFunc:
 def test_big_allocate_is_a_per_thread_array_kept_across_calls():
     n = 1 << 20  # 4 MiB of float32: long enough calls for threads to overlap
     f = _reverse_through_scratch(n, "big", parallel=False)
-    src, lib = build([f])
+    g = _reverse_through_scratch(40000, "big2", parallel=False)  # shares the array (kernels run in turn)
+    src, lib = build([f, g])
+    assert src.count("kiln_scratch[") == 1 and kernel_text(src, "big2").count("kiln_scratch + 0") == 1
+    xg = f32(40000)
+    np.testing.assert_array_equal(run(g, xg, lib=lib)[0], (xg + 1)[::-1])
     text = kernel_text(src, "big")
-    assert "static __thread float tmp_scratch[1048576] __attribute__((aligned(64)));" in text
+    assert "static __thread unsigned char kiln_scratch[4194304] __attribute__((aligned(64)));" in src
+    assert "float* restrict tmp = (float*)(kiln_scratch + 0);" in text
     assert "aligned_alloc" not in text and "free(" not in text
     assert "float small[64] __attribute__((aligned(64)));" in text
     fn = lib.function("big", 2)
