@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.backends.cpu.executor import CpuCompiledModel
+from compiler.backends.cpu.executor import STAGE_L2_FRACTION, CpuCompiledModel
 from compiler.backends.cuda.executor import CudaCompiledModel
 from compiler.errors import KilnError
 from compiler.loopir.expr import Load, Var, call
@@ -270,3 +270,52 @@ def test_out_overlapping_an_input_is_refused_after_any_earlier_call(model: Compi
     model.run([out[1]])  # out[1] becomes the input
     with pytest.raises(KilnError, match="overlaps an input"):
         model.run([out[1]], out=out)
+
+
+def _misaligned(x: np.ndarray, offset: int) -> np.ndarray:
+    """A C-contiguous copy of ``x`` starting ``offset`` bytes past a 64-byte boundary."""
+    raw = np.empty(x.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    view = raw[start : start + x.nbytes].view(x.dtype).reshape(x.shape)
+    view[...] = x
+    assert view.flags.c_contiguous and view.ctypes.data % 64 == offset
+    return view
+
+
+@pytest.mark.parametrize("offset", [4, 16, 1])  # 1: not even float-aligned (numpy allows it)
+def test_misaligned_inputs_are_read_through_an_aligned_copy_refreshed_every_call(offset: int):
+    model = make_model()  # its own: the staging state starts empty
+    x = _misaligned(np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32), offset)
+    for _ in range(2):  # the same array again: the fast path must still copy it
+        y, z = model.run([x])
+        np.testing.assert_allclose(y, reference(x)[0], rtol=1e-6)
+        np.testing.assert_array_equal(z, x - 1)
+        assert model._slots[model.inputs[0]] % 64 == 0  # the kernels read an aligned copy
+        x[:] += 1.0  # changed in place between calls
+    out = [np.empty(32, np.float32), np.empty((4, 8), np.float32)]
+    np.testing.assert_array_equal(model.run([x], out=out)[1], x - 1)
+    call = model.bind([x])
+    np.testing.assert_array_equal(call()[1], x - 1)
+    x[:] = 5.0
+    np.testing.assert_array_equal(call()[1], np.full((4, 8), 4.0, np.float32))
+    model.run([np.zeros((4, 8), np.float32)])  # another call binds other arrays in between
+    x[:] = -2.0
+    np.testing.assert_array_equal(call()[1], np.full((4, 8), -3.0, np.float32))
+    np.testing.assert_allclose(call()[0], reference(x)[0], rtol=1e-6)
+    samples = model.timeit([x], repeats=2, warmup=1)["samples_us"]
+    assert len(samples) == 2
+
+
+def test_aligned_inputs_are_bound_in_place(model: CompiledModel):
+    x = _misaligned(np.zeros((4, 8), np.float32), 0)
+    model.run([x])
+    assert model._slots[model.inputs[0]] == x.ctypes.data
+
+
+def test_misaligned_inputs_over_the_staging_limit_are_read_in_place():
+    model = make_model()
+    model._stage_limit = 64  # below the input's 128 bytes
+    x = _misaligned(np.arange(32, dtype=np.float32).reshape(4, 8), 16)
+    np.testing.assert_array_equal(model.run([x])[1], x - 1)
+    assert model._slots[model.inputs[0]] == x.ctypes.data
+    assert make_model()._stage_limit == int(make_model().target.l2_bytes * STAGE_L2_FRACTION) >= 128

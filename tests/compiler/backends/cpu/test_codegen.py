@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -228,28 +229,68 @@ def test_parallel_only_outermost_and_unroll_pragmas():
         np.testing.assert_array_equal(run(f if name == "par" else nested, xa, lib=lib)[0], xa * 2)
 
 
-def test_big_allocate_uses_the_heap():
-    n = 40000  # 160 KB of float32
-    x, y = Buffer("x", (n,), F32), Buffer("y", (n,), F32)
+def _reverse_through_scratch(n: int, name: str, parallel: bool) -> PrimFunc:
+    """y = (x + 1) reversed, through a scratch buffer of ``n`` floats (inside a parallel loop of 2 when
+    ``parallel``: y then has 2 rows)."""
+    x, y = Buffer("x", (n,), F32), Buffer("y", (2 * n,) if parallel else (n,), F32)
     tmp = Buffer("tmp", (n,), F32, "global")
     i, j = Var("i"), Var("j")
+    p = Var("p")
+    row = p * n if parallel else 0
     body = Allocate(
         tmp,
         seq(
             For(i, n, BufferStore(tmp, (i,), Load(x, (i,)) + 1.0)),
-            For(j, n, BufferStore(y, (j,), Load(tmp, (n - 1 - j,)))),
+            For(j, n, BufferStore(y, (row + j,), Load(tmp, (n - 1 - j,)))),
         ),
     )
+    if parallel:
+        body = For(p, 2, body, kind="parallel")
     small = Buffer("small", (64,), F32, "shared")
     k = Var("k")
     body2 = Allocate(small, seq(For(k, 64, BufferStore(small, (k,), Load(x, (k,)))), Barrier()))
-    f = PrimFunc("heap", [x, y], seq(body, body2), 1)
+    return PrimFunc(name, [x, y], seq(body, body2), 1)
+
+
+def test_big_allocate_is_a_per_thread_array_kept_across_calls():
+    n = 1 << 20  # 4 MiB of float32: long enough calls for threads to overlap
+    f = _reverse_through_scratch(n, "big", parallel=False)
+    g = _reverse_through_scratch(40000, "big2", parallel=False)  # shares the array (kernels run in turn)
+    src, lib = build([f, g])
+    assert src.count("kiln_scratch[") == 1 and kernel_text(src, "big2").count("kiln_scratch + 0") == 1
+    xg = f32(40000)
+    np.testing.assert_array_equal(run(g, xg, lib=lib)[0], (xg + 1)[::-1])
+    text = kernel_text(src, "big")
+    assert "static __thread unsigned char kiln_scratch[4194304] __attribute__((aligned(64)));" in src
+    assert "float* restrict tmp = (float*)(kiln_scratch + 0);" in text
+    assert "aligned_alloc" not in text and "free(" not in text
+    assert "float small[64] __attribute__((aligned(64)));" in text
+    fn = lib.function("big", 2)
+    inputs = [np.random.default_rng(seed).standard_normal(n).astype(np.float32) for seed in range(8)]
+
+    def call(xa: np.ndarray) -> np.ndarray:
+        y = np.full(n, np.nan, np.float32)
+        fn(xa.ctypes.data, y.ctypes.data)
+        return y
+
+    for xa in inputs[:3]:  # the scratch of the previous call is overwritten, never read
+        np.testing.assert_array_equal(call(xa), (xa + 1)[::-1])
+    # threads calling at once each have their own scratch (ctypes releases the GIL during the call)
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            results = list(pool.map(call, inputs))
+            for xa, y in zip(inputs, results):
+                np.testing.assert_array_equal(y, (xa + 1)[::-1])
+
+
+def test_big_allocate_in_a_parallel_loop_uses_the_heap():
+    n = 40000
+    f = _reverse_through_scratch(n, "heap", parallel=True)
     src, lib = build([f])
     text = kernel_text(src, "heap")
-    assert "aligned_alloc(64, 160000)" in text and "free(tmp);" in text
-    assert "float small[64] __attribute__((aligned(64)));" in text
+    assert "aligned_alloc(64, 160000)" in text and "free(tmp);" in text and "__thread" not in text
     xa = f32(n)
-    np.testing.assert_array_equal(run(f, xa, lib=lib)[0], (xa + 1)[::-1])
+    np.testing.assert_array_equal(run(f, xa, lib=lib)[0], np.tile((xa + 1)[::-1], 2))
 
 
 def _pad_func(n: int, vector: bool) -> PrimFunc:
