@@ -4,7 +4,7 @@ Generated code outlines each parallel loop into ``static void F(void* ctx, int64
 loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
 ``kiln_parallel_for(F, &ctx, extent)``. Semantics (a static schedule with stealing):
 
-* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads, 32)`` balanced chunks; thread t of
+* the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads, 31)`` balanced chunks; thread t of
   the loop (the caller is 0) owns a contiguous range of them and claims its own chunks lowest first, so
   back-to-back loops over the same rows give each core the rows it had last time (OpenMP's static schedule
   does the same, and on the development host a dynamic claim order made rmsnorm's chunks slower);
@@ -63,8 +63,8 @@ typedef void (*kiln_task_fn)(void*, int64_t, int64_t);
 
 #define KILN_POOL_MAX 256
 #define KILN_CHUNKS_PER_THREAD @CHUNKS@
-#define KILN_CLOSED 0xFFFFFFFFu  /* every chunk claimed */
-#define KILN_MAX_CHUNKS 32       /* one bit each in the claim word */
+#define KILN_CLOSED 0xFFFFFFFFu  /* being set up: never a loop's state, as bit 31 is no chunk's */
+#define KILN_MAX_CHUNKS 31       /* one bit each in the claim word */
 #define KILN_DESCHEDULED_NS 50000L
 
 static struct {
@@ -127,10 +127,15 @@ static void kiln_pool_work(uint32_t g, int me) {
   for (;;) {
     uint64_t w = __atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE);
     if ((uint32_t)(w >> 32) != g) return;
+    if ((uint32_t)w == KILN_CLOSED) {  /* the caller is still setting loop g up: wait, do not give up on
+                                          it (a worker that returned here skipped the whole loop) */
+      kiln_pause();
+      continue;
+    }
     int n = __atomic_load_n(&kiln_pool.chunks, __ATOMIC_ACQUIRE);
     int team = __atomic_load_n(&kiln_pool.team, __ATOMIC_ACQUIRE);
-    uint32_t all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
-    uint32_t free = ~(uint32_t)w & all;  /* the closed word has every bit set */
+    uint32_t all = (1u << n) - 1u;
+    uint32_t free = ~(uint32_t)w & all;
     if (free == 0) return;
     int lo = me < team ? me * n / team : n, hi = me < team ? (me + 1) * n / team : n;
     uint32_t mine = hi <= lo ? 0u : hi - lo >= 32 ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1u) << lo;
@@ -153,8 +158,8 @@ static void kiln_pool_work(uint32_t g, int me) {
 static int kiln_pool_open(uint32_t g) {
   uint64_t w = __atomic_load_n(&kiln_pool.claim, __ATOMIC_ACQUIRE);
   int n = __atomic_load_n(&kiln_pool.chunks, __ATOMIC_ACQUIRE);
-  uint32_t all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
-  return (uint32_t)(w >> 32) == g && (~(uint32_t)w & all) != 0;
+  uint32_t all = (1u << n) - 1u;  /* closed: being set up, its chunks are all to come */
+  return (uint32_t)(w >> 32) == g && ((uint32_t)w == KILN_CLOSED || (~(uint32_t)w & all) != 0);
 }
 
 static void* kiln_pool_worker(void* arg) {

@@ -67,7 +67,7 @@ def _expected(name: str, x: np.ndarray) -> np.ndarray:
     return x * 3
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 7, 40])  # 40: more threads than chunks (32 at most)
+@pytest.mark.parametrize("threads", [1, 2, 3, 7, 40])  # 40: more threads than chunks (31 at most)
 def test_outlined_parallel_loops_compute_the_serial_result(threads):
     funcs = _kernels()
     src, lib = build(funcs)
