@@ -460,7 +460,7 @@ class PlanSearch:
             for k, t in sorted(tasks.items())
             if k in self.tuners and self.tuners[k].state.best_config is not None
         ]
-        defaults = [(t, t.default()) for t, c in best if config_json(t.default()) != config_json(c)]
+        defaults = [(t, d) for t, c in best if config_json(d := t.default()) != config_json(c)]
         todo = best + defaults
         if limit is not None and todo and limit // len(todo) < 2:
             todo = best  # no room for the defaults: the best configs alone

@@ -8,7 +8,6 @@ CPU, so two nvcc processes run side by side here) and compiles them with ``nvcc 
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import tempfile
 import time
@@ -21,12 +20,11 @@ from compiler.backends import sketch_for
 from compiler.backends.cuda.codegen import generate_cuda, kernel_names
 from compiler.backends.cuda.nvrtc import KernelResources, error_message, parse_ptxas
 from compiler.build import kernel_for
-from compiler.errors import ScheduleError
 from compiler.frontend.models import MODELS
 from compiler.fusion import fuse
 from compiler.passes import optimize
 from compiler.target import Target
-from tests.compiler.backends.cuda.util import need_nvcc
+from tests.compiler.backends.cuda.util import legal_samples, need_nvcc
 
 CUDA = Target.cuda()
 SAMPLES = int(os.environ.get("KILN_NVCC_SAMPLES", "2"))  # legal non-default configs per unique group
@@ -41,26 +39,6 @@ class ZooBuild:
     resources: dict[str, KernelResources] = field(default_factory=dict)
     seconds: float = 0.0
     sources: list[str] = field(default_factory=list)
-
-
-def legal_samples(group, n: int) -> list[dict]:
-    sketch = sketch_for(group, CUDA)
-    space = sketch.space(group, CUDA)
-    rng = random.Random(group.workload_key)
-    default = sketch.default(group, CUDA)
-    out: list[dict] = []
-    for _ in range(200):
-        if len(out) >= n:
-            break
-        config = {k.name: rng.choice(k.values) for k in space}
-        if config == default or config in out:
-            continue
-        try:
-            sketch.check(group, config, CUDA)
-        except ScheduleError:
-            continue
-        out.append(config)
-    return out
 
 
 def compile_units(sources: list[str], workdir: Path) -> dict[str, KernelResources]:

@@ -60,19 +60,28 @@ def groups_of(graph) -> list[Group]:
     return [g for g in fuse(optimize(graph)).groups if not g.is_view]
 
 
-def samples(group: Group, n: int) -> list[dict]:
-    """The default config of ``group``'s sketch and up to ``n`` random legal ones (seeded by its key)."""
+def legal_samples(group: Group, n: int) -> list[dict]:
+    """Up to ``n`` distinct random legal configs of ``group``'s sketch other than its default (seeded by
+    the group's key)."""
     sketch = sketch_for(group, CUDA)
-    rng = random.Random(group.workload_key)
-    out = [sketch.default(group, CUDA)]
     space = sketch.space(group, CUDA)
-    for _ in range(100):
-        if len(out) > n:
+    rng = random.Random(group.workload_key)
+    default = sketch.default(group, CUDA)
+    out: list[dict] = []
+    for _ in range(200):
+        if len(out) >= n:
             break
         config = {k.name: rng.choice(k.values) for k in space}
+        if config == default or config in out:
+            continue
         try:
             sketch.check(group, config, CUDA)
         except ScheduleError:
             continue
         out.append(config)
     return out
+
+
+def samples(group: Group, n: int) -> list[dict]:
+    """The default config of ``group``'s sketch and up to ``n`` random legal ones."""
+    return [sketch_for(group, CUDA).default(group, CUDA), *legal_samples(group, n)]
