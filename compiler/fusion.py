@@ -140,15 +140,29 @@ def split_k_edges(graph: Graph, target: Target | None) -> list[FusionEdge]:
     ]
 
 
+def attention_edges(graph: Graph) -> list[FusionEdge]:
+    """One edge per attention core (:mod:`compiler.attention`: QKᵀ -> scale/mask -> softmax -> P·V): on,
+    the core is one group of kind ``attention``. Producer = the QKᵀ batch_matmul, consumer = P·V; id
+    ``a<qk>_<pv>``; the rules leave it off."""
+    from compiler.attention import match_cores
+
+    numbers = _canonical_numbers(graph)
+    return [
+        FusionEdge(f"a{numbers[id(c.qk)]}_{numbers[id(c.pv)]}", c.qk, c.pv, False, "attention")
+        for c in match_cores(graph)
+        if id(c.qk) in numbers and id(c.pv) in numbers
+    ]
+
+
 def rewrite_edges(graph: Graph, target: Target | None = None) -> list[FusionEdge]:
     """The edges that rewrite the graph when on: horizontal, recompute and (on a CUDA ``target``) split-K."""
     return horizontal_edges(graph) + recompute_edges(graph) + split_k_edges(graph, target)
 
 
 def all_edges(graph: Graph, target: Target | None = None) -> list[FusionEdge]:
-    """The producer -> consumer edges (:func:`fusion_edges`), the horizontal and the recompute ones, and on a
-    CUDA ``target`` the split-K ones."""
-    return fusion_edges(graph) + rewrite_edges(graph, target)
+    """The producer -> consumer edges (:func:`fusion_edges`), the attention cores, the horizontal and the
+    recompute ones, and on a CUDA ``target`` the split-K ones."""
+    return fusion_edges(graph) + attention_edges(graph) + rewrite_edges(graph, target)
 
 
 def _edge_rule(p: Node, c: Node) -> str | None:
@@ -381,7 +395,7 @@ def fuse(graph: Graph, plan: FusionPlan | None = None, target: Target | None = N
     """Partition ``graph`` (decomposed and optimized) into groups following ``plan`` or the defaults.
     ``target``: a CUDA target gives the graph its split-K edges (from its ``sm_count``); a CPU target or
     None, none."""
-    edges = fusion_edges(graph)
+    edges = fusion_edges(graph) + attention_edges(graph)
     rewrites = rewrite_edges(graph, target)
     decisions = {e.id: e.default for e in edges + rewrites}
     if plan:
@@ -421,12 +435,13 @@ def _fuse_rewritten(
     # a copy joins its reader first (else its producer's chain could pull it back into the first reader's
     # group, which would then write the copy out: materialized again)
     new_edges = sorted(fusion_edges(merged), key=lambda e: id(e.producer) not in copies)
+    new_edges += attention_edges(merged)
     new_decisions: FusionPlan = {}
     to_old: dict[str, str] = {}
     for e in new_edges:
         p, c = origin.get(id(e.producer)), origin.get(id(e.consumer))
         known = p is not None and c is not None and id(p) in numbers and id(c) in numbers
-        old = f"e{numbers[id(p)]}_{numbers[id(c)]}" if known else None
+        old = f"{e.id[0]}{numbers[id(p)]}_{numbers[id(c)]}" if known else None
         if old is not None and old in decisions:
             new_decisions[e.id] = decisions[old]
             to_old[e.id] = old
@@ -442,28 +457,37 @@ def _fuse_rewritten(
 def _fuse_edges(
     graph: Graph, edges: list[FusionEdge], decisions: FusionPlan
 ) -> tuple[list[Group], dict[str, str]]:
+    from compiler.attention import attention_group_problem, premerge_cores
+
     position = {id(n): k for k, n in enumerate(graph.nodes)}
     nodes = [n for n in graph.nodes if n.op != "constant"]
     part = _Partition(nodes)
     rejected: dict[str, str] = {}
+    cores = premerge_cores(graph, part, [e for e in edges if e.rule == "attention" and decisions[e.id]])
     for e in edges:
-        if not decisions[e.id]:
+        if not decisions[e.id] or e.rule == "attention":
             continue
         gp, gc = part.group_of[id(e.producer)], part.group_of[id(e.consumer)]
         if gp == gc:
             continue
         merged = sorted(part.members[gp] + part.members[gc], key=lambda n: position[id(n)])
-        problem = group_problem(merged)
+        core = cores.get(gp, cores.get(gc))
+        problem = group_problem(merged) if core is None else attention_group_problem(graph, merged, core)
         if problem is None and part.reaches_through_others(gp, gc):
             problem = "fusing would create a cycle between groups"
         if problem is not None:
             rejected[e.id] = problem
             continue
         part.merge(gp, gc)
-    return _build_groups(graph, part, position), rejected
+        if core is not None:
+            cores.pop(gc, None)
+            cores[gp] = core
+    return _build_groups(graph, part, position, {id(c.qk) for c in cores.values()}), rejected
 
 
-def _build_groups(graph: Graph, part: _Partition, position: dict[int, int]) -> list[Group]:
+def _build_groups(
+    graph: Graph, part: _Partition, position: dict[int, int], attention_anchors: set[int] = frozenset()
+) -> list[Group]:
     consumers = graph.consumers()
     graph_outputs = set(graph.outputs)
     order = sorted(part.members, key=lambda g: min(position[id(n)] for n in part.members[g]))
@@ -498,6 +522,8 @@ def _build_groups(graph: Graph, part: _Partition, position: dict[int, int]) -> l
         reduces = [n for n in members if category(n) == "reduce"]
         if category(members[0]) == "opaque":
             kind = "opaque"
+        elif anchor is not None and id(anchor) in attention_anchors:
+            kind = "attention"
         elif anchor is not None and category(anchor) == "contract":
             kind = "contraction"
         elif reduces:
@@ -655,7 +681,7 @@ def _region_subgraph(graph: Graph, members: list[Node]) -> tuple[Graph, dict[int
 
 def _edge_kind(e: FusionEdge) -> str:
     """A recompute edge can join the same two nodes as a producer -> consumer edge."""
-    return e.rule if e.rule in ("horizontal", "recompute", "split_k") else "edge"
+    return e.rule if e.rule in ("horizontal", "recompute", "split_k", "attention") else "edge"
 
 
 def _partition(fused: FusedGraph) -> frozenset[frozenset[int]]:
@@ -705,6 +731,7 @@ def regions(
         const_values = {v for v, c in zip(sub.inputs, const) if c}
         sub_all = (
             fusion_edges(sub)
+            + attention_edges(sub)
             + horizontal_edges(sub, const_values.__contains__)
             + recompute_edges(sub)
             + split_k_edges(sub, target)

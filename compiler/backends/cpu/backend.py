@@ -9,6 +9,7 @@ from compiler.backends.base import Backend
 from compiler.backends.cpu import gcc
 from compiler.backends.cpu.codegen import generate_c
 from compiler.backends.cpu.executor import CpuCompiledModel
+from compiler.backends.cpu.sketches.attention import CpuAttentionSketch
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
 from compiler.backends.cpu.sketches.conv import CpuConvSketch
 from compiler.backends.cpu.sketches.generic import CpuGenericSketch
@@ -31,6 +32,7 @@ class CpuBackend(Backend):
     sketch_classes = (
         CpuPointwiseSketch,
         CpuReductionSketch,
+        CpuAttentionSketch,
         CpuConvSketch,
         CpuContractionSketch,
         CpuGenericSketch,

@@ -1,0 +1,436 @@
+"""The CPU attention sketch: an ``attention`` group (:mod:`compiler.attention`: QKᵀ, scale/mask, softmax,
+P·V with the Q/K/V layout prologues) as one kernel, the score rows kept in a local buffer::
+
+    parallel for (batch x head, block of R query rows)          (the thread pool; ``parallel``)
+      kt[Dk][N] = K of this head, transposed                    (``pack_k`` transpose; else K read in place)
+      for row tiles of mr rows, column tiles of nu vectors      s[R][N]: the block's scores
+        acc[mr][nu x V] = sum_k Q[row][k] * kt[k][cols]         (register tile: FMAs, Q broadcast)
+        s[rows][cols] = score(acc)                              (scale, mask: the group's own ops)
+      for each row: m = max_j s; s = exp(s - m); l = sum_j s    (vector partials, balanced trees;
+                                                                 exp computed once per score)
+      for row tiles of pv_mr rows, column tiles of pv_nu vectors
+        o[pv_mr][pv_nu x V] = sum_j s[row][j] * V[j][cols]      (register tile)
+        out[rows][cols] = o * (1 / l[row])
+
+The scores never leave the block (R x N floats: 32 KiB for 64 rows of 128 keys), so the [B, H, M, N]
+score tensor is neither written nor read back, and each exp is computed once. Softmax is the exact
+two-pass form over the whole key row (max, then exp/sum); an online (flash-style) softmax over key blocks
+for sequences whose rows do not fit the cache is not built. The Q, K, V, mask and score expressions are
+taken from the group's own tensor-expression lowering (the bodies of its QKᵀ, reduce_max and P·V blocks),
+so every layout prologue the fusion rules admit (head reshapes/transposes, slices of a merged Q/K/V
+projection) and every score op the matcher admits (scale multiply/divide, additive or ``where`` mask) is
+computed as the graph says. Knobs: vector lanes, the two register tiles, the row block, K packing, the
+thread pool; defaults from the target's vector width and register count.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
+from compiler.backends.sketch import Config, Knob, Sketch, prepare
+from compiler.errors import ScheduleError
+from compiler.fusion import Group
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import (
+    Binary,
+    Call,
+    Expr,
+    Load,
+    Var,
+    children,
+    const,
+    replace_buffer_loads,
+    substitute,
+)
+from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Allocate, Block, Buffer, BufferStore, For, PrimFunc, SeqStmt, Stmt
+from compiler.target import Target
+
+ROWS = (4, 8, 16, 32, 64, 128)
+TILE_ROWS = (1, 2, 4, 8)
+TILE_VECTORS = (1, 2, 4)
+
+
+def _geometry(group: Group) -> dict[str, int]:
+    """Sizes of the core: batch x heads (``bh``), query rows ``m``, keys ``n``, ``dk``, ``dv``."""
+    qk = group.anchor
+    if group.kind != "attention" or qk is None:
+        raise ScheduleError(f"attention: group {group.name} is no attention group")
+    pv = next(n for n in reversed(group.nodes) if n.op == "batch_matmul")
+    *batch, m, n = qk.output.shape
+    a = qk.inputs[0].shape
+    dk = a[-1]
+    dv = pv.output.shape[-1]
+    return {"bh": math.prod(batch), "m": m, "n": n, "dk": dk, "dv": dv}
+
+
+def _registers(target: Target) -> int:
+    return target.vector_registers
+
+
+class CpuAttentionSketch(Sketch):
+    """Attention groups on the CPU: one kernel per core, parallel over (batch x head, row block)."""
+
+    name = "attention"
+    version = 1
+    kinds = ("attention",)
+
+    # ------------------------------------------------------------------ space
+    def space(self, group: Group, target: Target) -> list[Knob]:
+        geo = _geometry(group)
+        lanes = target.vector_lanes_f32
+        vectors = tuple(v for v in (1, 4, 8, 16) if v <= lanes and geo["n"] % v == 0 and geo["dv"] % v == 0)
+        rows = tuple(r for r in ROWS if r <= geo["m"] and geo["m"] % r == 0) or (geo["m"],)
+        return [
+            Knob("vector", vectors, "SIMD lanes along keys (scores) and along the value columns (P·V)"),
+            Knob("rows", rows, "query rows per task (the score block kept in a local buffer)"),
+            Knob("mr", TILE_ROWS, "rows of the QKᵀ register tile"),
+            Knob("nu", TILE_VECTORS, "vectors (of keys) of the QKᵀ register tile"),
+            Knob("pv_mr", TILE_ROWS, "rows of the P·V register tile"),
+            Knob("pv_nu", TILE_VECTORS, "vectors (of value columns) of the P·V register tile"),
+            Knob(
+                "pack_k",
+                ("transpose", "none"),
+                "K of the head transposed into a local buffer, or read in place",
+            ),
+            Knob("parallel", ("tasks", "none"), "thread pool over (batch x head, row block) tasks"),
+        ]
+
+    def check_combination(self, group: Group, config: Config, target: Target) -> None:
+        geo = _geometry(group)
+        v, r = config["vector"], config["rows"]
+        for knob in ("mr", "pv_mr"):
+            if r % config[knob]:
+                raise ScheduleError(f"attention: {knob} {config[knob]} does not divide rows {r}")
+        if geo["n"] % (v * config["nu"]):
+            raise ScheduleError(
+                f"attention: vector*nu = {v * config['nu']} does not divide the keys {geo['n']}"
+            )
+        if geo["dv"] % (v * config["pv_nu"]):
+            raise ScheduleError(
+                f"attention: vector*pv_nu = {v * config['pv_nu']} does not divide the value width {geo['dv']}"
+            )
+        budget = _registers(target) - 2
+        for mr, nu in (("mr", "nu"), ("pv_mr", "pv_nu")):
+            if v > 1 and config[mr] * config[nu] > budget:
+                raise ScheduleError(
+                    f"attention: a {mr} x {nu} = {config[mr] * config[nu]} accumulator tile does not fit "
+                    f"{_registers(target)} vector registers"
+                )
+
+    def default(self, group: Group, target: Target) -> Config:
+        geo = _geometry(group)
+        space = {k.name: k.values for k in self.space(group, target)}
+        v = max(space["vector"])
+        wide = _registers(target) >= 32
+        rows = [r for r in space["rows"] if r <= 64]
+        # the largest block that still leaves two tasks per thread (K packed once per block)
+        tasks_wanted = 2 * max(1, target.cores)
+        r = max(
+            (x for x in rows if geo["bh"] * (geo["m"] // x) >= tasks_wanted), default=min(rows or [geo["m"]])
+        )
+
+        def tile(cols: int, rows_pref: tuple[int, ...]) -> tuple[int, int]:
+            best = (1, 1)
+            for mr in rows_pref:
+                for nu in TILE_VECTORS:
+                    if r % mr or cols % (v * nu) or (v > 1 and mr * nu > _registers(target) - 2):
+                        continue
+                    acc = mr * nu
+                    if acc <= (16 if wide else 8) and acc > best[0] * best[1]:
+                        best = (mr, nu)
+            return best
+
+        mr, nu = tile(geo["n"], (8, 4, 2, 1))
+        pmr, pnu = tile(geo["dv"], (4, 8, 2, 1))
+        work = geo["bh"] * geo["m"] * geo["n"] * (geo["dk"] + geo["dv"]) // 8
+        config = {
+            "vector": v,
+            "rows": r,
+            "mr": mr,
+            "nu": nu,
+            "pv_mr": pmr,
+            "pv_nu": pnu,
+            "pack_k": "transpose",
+            "parallel": "tasks" if geo["bh"] * geo["m"] // r >= 2 and work >= PARALLEL_MIN_WORK else "none",
+        }
+        self.check(group, config, target)
+        return config
+
+    # ------------------------------------------------------------------ build
+    def build(self, group: Group, config: Config, target: Target) -> Schedule:
+        self.check(group, config, target)
+        geo = _geometry(group)
+        sch, _blocks = prepare(group)
+        func = sch.func
+        parts = _core_exprs(group, func)
+        body = _kernel(geo, config, parts, func.outputs[0])
+        root = Block("root", [], [], body)
+        new = PrimFunc(func.name, list(func.params), root, func.num_inputs, dict(func.attrs))
+        return Schedule(new)
+
+
+# ---------------------------------------------------------------- expressions
+class _Parts:
+    """The group's own expressions, as functions of (batch indices, row, col, reduction index)."""
+
+    def __init__(self, qk: Block, rmax: Block, pv: Block, scores: Buffer) -> None:
+        self.qk, self.rmax, self.pv, self.scores = qk, rmax, pv, scores
+        prod = _product(qk)
+        self._q, self._k = prod.a, prod.b
+        self._v = _product(pv).b
+        self._score = children(A.block_stores(rmax)[0].value)[1]
+
+    @staticmethod
+    def _bind(block: Block, batch: list[Expr], row: Expr, col: Expr, red: Expr) -> dict[Var, Expr]:
+        ivs = [iv.var for iv in block.iter_vars]
+        spatial, reduce_ = ivs[:-1], ivs[-1]
+        vals = [*batch, row, col]
+        mapping = dict(zip(spatial, vals))
+        mapping[reduce_] = red
+        return mapping
+
+    def q(self, batch: list[Expr], row: Expr, k: Expr) -> Expr:
+        return substitute(self._q, self._bind(self.qk, batch, row, const(0), k))
+
+    def k(self, batch: list[Expr], col: Expr, k: Expr) -> Expr:
+        return substitute(self._k, self._bind(self.qk, batch, const(0), col, k))
+
+    def v(self, batch: list[Expr], j: Expr, col: Expr) -> Expr:
+        return substitute(self._v, self._bind(self.pv, batch, const(0), col, j))
+
+    def score(self, acc: Expr, batch: list[Expr], row: Expr, col: Expr) -> Expr:
+        # reduce_max's body: max(acc, f(scores[b.., row, r0], mask[..])) with r0 the key
+        e = replace_buffer_loads(self._score, lambda ld: acc if ld.buffer is self.scores else None)
+        ivs = [iv.var for iv in self.rmax.iter_vars]
+        mapping = dict(zip(ivs[: len(batch) + 1], [*batch, row]))
+        mapping[ivs[-1]] = col
+        for extra in ivs[len(batch) + 1 : -1]:
+            mapping[extra] = const(0)
+        return substitute(e, mapping)
+
+
+def _product(block: Block) -> Binary:
+    value = A.block_stores(block)[0].value  # acc + a * b
+    prod = value.b if isinstance(value, Binary) and value.op == "+" else None
+    if not isinstance(prod, Binary) or prod.op != "*":
+        raise ScheduleError(f"attention: block {block.name} is not a sum of products")
+    return prod
+
+
+def _core_exprs(group: Group, func: PrimFunc) -> _Parts:
+    blocks = [b for b in A.blocks_under(func.body) if isinstance(b, Block) and b.is_reduction]
+    qk_name = group.anchor.name  # type: ignore[union-attr]
+    pv_node = next(n for n in reversed(group.nodes) if n.op == "batch_matmul")
+    rmax_node = next(n for n in group.nodes if n.op == "reduce_max")
+    by_name = {b.name: b for b in blocks}
+    try:
+        qk, pv, rmax = by_name[qk_name], by_name[pv_node.name], by_name[rmax_node.name]
+    except KeyError as exc:
+        raise ScheduleError(f"attention: group {group.name} has no lowered block {exc}") from exc
+    return _Parts(qk, rmax, pv, A.writes(qk)[0])
+
+
+# ---------------------------------------------------------------- loop IR
+def _loop(name: str, extent: int, body_fn, kind: str = "serial") -> For:
+    var = Var(name)
+    return For(var, extent, body_fn(var), kind)
+
+
+def _seq(*stmts: Stmt) -> Stmt:
+    flat = [s for s in stmts if s is not None]
+    return flat[0] if len(flat) == 1 else SeqStmt(flat)
+
+
+def _tree(op: str, items: list[Expr], dtype: str) -> Expr:
+    while len(items) > 1:
+        nxt = [Binary(op, items[k], items[k + 1], dtype) for k in range(0, len(items) - 1, 2)]
+        if len(items) % 2:
+            nxt.append(items[-1])
+        items = nxt
+    return items[0]
+
+
+def _unravel(flat: Expr, shape: tuple[int, ...]) -> list[Expr]:
+    """Row-major indices of the flat index ``flat`` into ``shape``."""
+    out: list[Expr] = []
+    stride = math.prod(shape)
+    for k, d in enumerate(shape):
+        stride //= d
+        e = flat // stride if stride > 1 else flat
+        out.append(e % d if k > 0 and d > 1 else (const(0) if d == 1 else e))
+    return out
+
+
+def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stmt:
+    f32 = "float32"
+    bh, m, n, dk, dv = geo["bh"], geo["m"], geo["n"], geo["dk"], geo["dv"]
+    v, r = cfg["vector"], cfg["rows"]
+    mr, nu, pmr, pnu = cfg["mr"], cfg["nu"], cfg["pv_mr"], cfg["pv_nu"]
+    blocks = m // r
+    batch_shape = tuple(out.shape[:-2])
+    vec = "vectorized" if v > 1 else "serial"
+    unr = "unrolled"
+
+    def task(t: Var) -> Stmt:
+        flat_bh = t // blocks if blocks > 1 else t
+        row0 = (t % blocks) * r if blocks > 1 else const(0)
+        batch = _unravel(flat_bh, batch_shape) if batch_shape else []
+        s = Buffer("scores", (r, n), f32, "local")
+        lsum = Buffer("row_sum", (r,), f32, "local")
+        kt = Buffer("k_packed", (dk, n), f32, "local") if cfg["pack_k"] == "transpose" else None
+
+        def kval(col: Expr, k: Expr) -> Expr:
+            return Load(kt, (k, col)) if kt is not None else parts.k(batch, col, k)
+
+        # --- K of the head, transposed
+        pack = None
+        if kt is not None:
+            pack = _loop(
+                "pj", n, lambda j: _loop("pk", dk, lambda k: BufferStore(kt, (k, j), parts.k(batch, j, k)))
+            )
+
+        # --- scores
+        def score_tile(io: Var, jo: Var) -> Stmt:
+            acc = Buffer("acc", (mr, nu * v), f32, "local")
+            init = _loop(
+                "ai",
+                mr,
+                lambda i: _loop("ac", nu * v, lambda c: BufferStore(acc, (i, c), const(0.0, f32)), vec),
+                unr,
+            )
+
+            def fma(k: Var) -> Stmt:
+                def row(i: Var) -> Stmt:
+                    def lane(u: Var) -> Stmt:
+                        def el(x: Var) -> Stmt:
+                            c = u * v + x
+                            col = jo * (nu * v) + c
+                            prev = Load(acc, (i, c))
+                            return BufferStore(
+                                acc, (i, c), prev + parts.q(batch, row0 + io * mr + i, k) * kval(col, k)
+                            )
+
+                        return _loop("sx", v, el, vec)
+
+                    return _loop("su", nu, lane, unr)
+
+                return _loop("si", mr, row, unr)
+
+            def store_row(i: Var) -> Stmt:
+                def lane(u: Var) -> Stmt:
+                    def el(x: Var) -> Stmt:
+                        c = u * v + x
+                        col = jo * (nu * v) + c
+                        row = io * mr + i
+                        value = parts.score(Load(acc, (i, c)), batch, row0 + row, col)
+                        return BufferStore(s, (row, col), value)
+
+                    return _loop("wx", v, el, vec)
+
+                return _loop("wu", nu, lane, unr)
+
+            nest = _seq(init, _loop("k", dk, fma), _loop("wi", mr, store_row, unr))
+            return Allocate(acc, nest)
+
+        scores = _loop("io", r // mr, lambda io: _loop("jo", n // (nu * v), lambda jo: score_tile(io, jo)))
+
+        # --- softmax rows: max, exp once (in place), sum
+        def softmax_row(i: Var) -> Stmt:
+            mp = Buffer("max_part", (v,), f32, "local")
+            sp = Buffer("sum_part", (v,), f32, "local")
+            mx = Buffer("row_max", (1,), f32, "local")
+            stmts = [
+                _loop("mx0", v, lambda x: BufferStore(mp, (x,), const(-math.inf, f32)), vec),
+                _loop(
+                    "mj",
+                    n // v,
+                    lambda j: _loop(
+                        "mx",
+                        v,
+                        lambda x: BufferStore(
+                            mp, (x,), Binary("max", Load(mp, (x,)), Load(s, (i, j * v + x)), f32)
+                        ),
+                        vec,
+                    ),
+                ),
+                BufferStore(mx, (const(0),), _tree("max", [Load(mp, (const(x),)) for x in range(v)], f32)),
+                _loop(
+                    "ej",
+                    n // v,
+                    lambda j: _loop(
+                        "ex",
+                        v,
+                        lambda x: BufferStore(
+                            s,
+                            (i, j * v + x),
+                            Call("exp", (Load(s, (i, j * v + x)) - Load(mx, (const(0),)),), f32),
+                        ),
+                        vec,
+                    ),
+                ),
+                _loop("sx0", v, lambda x: BufferStore(sp, (x,), const(0.0, f32)), vec),
+                _loop(
+                    "sj",
+                    n // v,
+                    lambda j: _loop(
+                        "sx",
+                        v,
+                        lambda x: BufferStore(sp, (x,), Load(sp, (x,)) + Load(s, (i, j * v + x))),
+                        vec,
+                    ),
+                ),
+                BufferStore(lsum, (i,), _tree("+", [Load(sp, (const(x),)) for x in range(v)], f32)),
+            ]
+            return Allocate(mp, Allocate(sp, Allocate(mx, SeqStmt(stmts))))
+
+        softmax = _loop("ri", r, softmax_row)
+
+        # --- P·V
+        def pv_tile(io: Var, do: Var) -> Stmt:
+            o = Buffer("out_acc", (pmr, pnu * v), f32, "local")
+            init = _loop(
+                "oi",
+                pmr,
+                lambda i: _loop("oc", pnu * v, lambda c: BufferStore(o, (i, c), const(0.0, f32)), vec),
+                unr,
+            )
+
+            def fma(j: Var) -> Stmt:
+                def row(i: Var) -> Stmt:
+                    def lane(u: Var) -> Stmt:
+                        def el(x: Var) -> Stmt:
+                            c = u * v + x
+                            col = do * (pnu * v) + c
+                            p = Load(s, (io * pmr + i, j))
+                            return BufferStore(o, (i, c), Load(o, (i, c)) + p * parts.v(batch, j, col))
+
+                        return _loop("px", v, el, vec)
+
+                    return _loop("pu", pnu, lane, unr)
+
+                return _loop("pi", pmr, row, unr)
+
+            def store_row(i: Var) -> Stmt:
+                def lane(u: Var) -> Stmt:
+                    def el(x: Var) -> Stmt:
+                        c = u * v + x
+                        col = do * (pnu * v) + c
+                        row = io * pmr + i
+                        value = Load(o, (i, c)) * Call("recip", (Load(lsum, (row,)),), f32)
+                        return BufferStore(out, (*batch, row0 + row, col), value)
+
+                    return _loop("qx", v, el, vec)
+
+                return _loop("qu", pnu, lane, unr)
+
+            return Allocate(o, _seq(init, _loop("j", n, fma), _loop("qi", pmr, store_row, unr)))
+
+        pv = _loop("po", r // pmr, lambda io: _loop("do", dv // (pnu * v), lambda do: pv_tile(io, do)))
+        inner = _seq(pack, scores, softmax, pv) if pack is not None else _seq(scores, softmax, pv)
+        inner = Allocate(s, Allocate(lsum, inner))
+        return Allocate(kt, inner) if kt is not None else inner
+
+    kind = "parallel" if cfg["parallel"] == "tasks" else "serial"
+    return _loop("task", bh * blocks, task, kind)
