@@ -37,12 +37,14 @@ from compiler.loopir import analysis as A
 from compiler.loopir.expr import (
     Binary,
     Call,
+    Compare,
     Expr,
     Load,
     Var,
     children,
     const,
     replace_buffer_loads,
+    select,
     substitute,
 )
 from compiler.loopir.schedule import Schedule
@@ -52,6 +54,7 @@ from compiler.target import Target
 ROWS = (4, 8, 16, 32, 64, 128)
 TILE_ROWS = (1, 2, 4, 8)
 TILE_VECTORS = (1, 2, 4)
+KEY_BLOCKS = (8, 16, 32, 64, 128, 256)
 PACK_KEYS = 16  # keys per block of the K transpose
 PACK_COLUMNS_UP_TO = 128  # keys: up to this many, the default packs K one column of all keys at a time
 
@@ -99,6 +102,13 @@ class CpuAttentionSketch(Sketch):
                 "K of the head transposed into a local buffer (in blocks of PACK_KEYS keys, or one column of "
                 "all keys at a time), or read in place",
             ),
+            Knob(
+                "keys",
+                (*(kb for kb in KEY_BLOCKS if kb < geo["n"] and geo["n"] % kb == 0), geo["n"]),
+                "keys per block: all of them (two-pass softmax of whole score rows) or fewer (online "
+                "softmax: a running max and sum per row, the output rescaled per key block, each K/V block "
+                "reused by every row of the task)",
+            ),
             Knob("parallel", ("tasks", "none"), "thread pool over (batch x head, row block) tasks"),
         ]
 
@@ -109,6 +119,10 @@ class CpuAttentionSketch(Sketch):
             raise ScheduleError(f"attention: mr {config['mr']} does not divide rows {r}")
         if config["mr"] % config["pv_mr"]:
             raise ScheduleError(f"attention: pv_mr {config['pv_mr']} does not divide mr {config['mr']}")
+        if config["keys"] % (v * config["nu"]):
+            raise ScheduleError(
+                f"attention: vector*nu = {v * config['nu']} does not divide the key block {config['keys']}"
+            )
         if geo["n"] % (v * config["nu"]):
             raise ScheduleError(
                 f"attention: vector*nu = {v * config['nu']} does not divide the keys {geo['n']}"
@@ -157,6 +171,7 @@ class CpuAttentionSketch(Sketch):
             # one column of all keys at a time while the head's K rows stay in the TLB's reach: 128 keys
             # (AVX-512, 12 heads of 128 x 64) 121.6 us vs 130.2 blocked; 512 keys 5.59 ms vs 2.07 blocked
             "pack_k": "transpose" if geo["n"] <= PACK_COLUMNS_UP_TO else "blocked",
+            "keys": geo["n"],
             "parallel": "tasks" if geo["bh"] * geo["m"] // r >= 2 and work >= PARALLEL_MIN_WORK else "none",
         }
         self.check(group, config, target)
@@ -285,6 +300,9 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
         lsum = Buffer("row_sum", (mr,), f32, "local")
         kt = Buffer("k_packed", (dk, n), f32, "local") if cfg["pack_k"] != "none" else None
 
+        def vval(j: Expr, col: Expr) -> Expr:
+            return parts.v(batch, j, col)
+
         def kval(col: Expr, k: Expr) -> Expr:
             return Load(kt, (k, col)) if kt is not None else parts.k(batch, col, k)
 
@@ -308,7 +326,8 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
             pack = _loop("pjo", n // jb, pack_block)
 
         # --- scores
-        def score_tile(io: Var, jo: Var) -> Stmt:
+        def score_tile(io: Var, jo: Var, s: Buffer = s, key0: Expr | None = None) -> Stmt:
+            key0 = const(0) if key0 is None else key0
             acc = Buffer("acc", (mr, nu * v), f32, "local")
             init = _loop(
                 "ai",
@@ -322,7 +341,7 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
                     def lane(u: Var) -> Stmt:
                         def el(x: Var) -> Stmt:
                             c = u * v + x
-                            col = jo * (nu * v) + c
+                            col = key0 + jo * (nu * v) + c
                             prev = Load(acc, (i, c))
                             return BufferStore(
                                 acc, (i, c), prev + parts.q(batch, row0 + io * mr + i, k) * kval(col, k)
@@ -339,7 +358,7 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
                     def el(x: Var) -> Stmt:
                         c = u * v + x
                         col = jo * (nu * v) + c
-                        value = parts.score(Load(acc, (i, c)), batch, row0 + io * mr + i, col)
+                        value = parts.score(Load(acc, (i, c)), batch, row0 + io * mr + i, key0 + col)
                         return BufferStore(s, (i, col), value)
 
                     return _loop("wx", v, el, vec)
@@ -420,7 +439,7 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
                             c = u * v + x
                             col = do * (pnu * v) + c
                             p = Load(s, (po * pmr + i, j))
-                            return BufferStore(o, (i, c), Load(o, (i, c)) + p * parts.v(batch, j, col))
+                            return BufferStore(o, (i, c), Load(o, (i, c)) + p * vval(j, col))
 
                         return _loop("px", v, el, vec)
 
@@ -448,10 +467,189 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
                 "po", mr // pmr, lambda po: _loop("do", dv // (pnu * v), lambda do: pv_tile(io, po, do))
             )
 
-        # each tile of mr query rows: its scores (all keys), their softmax, then P·V, the rows in L1
-        rows = _loop("io", r // mr, lambda io: Allocate(s, Allocate(lsum, _seq(scores(io), softmax, pv(io)))))
+        if cfg["keys"] < n:
+            rows = _online(cfg, geo, parts, batch, row0, out, score_tile, vval)
+        else:
+            # each tile of mr query rows: its scores (all keys), their softmax, then P·V, the rows in L1
+            rows = _loop(
+                "io", r // mr, lambda io: Allocate(s, Allocate(lsum, _seq(scores(io), softmax, pv(io))))
+            )
         inner = _seq(pack, rows) if pack is not None else rows
         return Allocate(kt, inner) if kt is not None else inner
 
     kind = "parallel" if cfg["parallel"] == "tasks" else "serial"
     return _loop("task", bh * blocks, task, kind)
+
+
+def _online(
+    cfg: Config,
+    geo: dict[str, int],
+    parts: _Parts,
+    batch: list[Expr],
+    row0: Expr,
+    out: Buffer,
+    score_tile,
+    vval,
+) -> Stmt:
+    """The task's rows with an online softmax over blocks of ``keys`` keys (flash-attention order): for each
+    key block, every row tile's scores, the running max ``mx`` and sum ``sm`` updated (the earlier output
+    rescaled by exp(old max - new max)), P·V accumulated into the task's output rows ``acc_o``; at the end
+    ``out = acc_o / sm``. A row whose max is still -inf (every key so far masked) counts its block's
+    exponentials and correction against 0 instead (they are all 0: no NaN)."""
+    f32 = "float32"
+    n, dv = geo["n"], geo["dv"]
+    v, r, kb = cfg["vector"], cfg["rows"], cfg["keys"]
+    mr, pmr, pnu = cfg["mr"], cfg["pv_mr"], cfg["pv_nu"]
+    vec = "vectorized" if v > 1 else "serial"
+    unr = "unrolled"
+    acc_o = Buffer("out_rows", (r, dv), f32, "local")
+    mx = Buffer("run_max", (r,), f32, "local")
+    sm = Buffer("run_sum", (r,), f32, "local")
+    neg_inf = const(-math.inf, f32)
+    init = _seq(
+        _loop("zr", r, lambda i: _loop("zc", dv, lambda c: BufferStore(acc_o, (i, c), const(0.0, f32)), vec)),
+        _loop(
+            "zm", r, lambda i: _seq(BufferStore(mx, (i,), neg_inf), BufferStore(sm, (i,), const(0.0, f32)))
+        ),
+    )
+
+    def block(kbo: Var) -> Stmt:
+        key0 = kbo * kb
+
+        def tile(io: Var) -> Stmt:
+            s = Buffer("scores", (mr, kb), f32, "local")
+            scores = _loop("jo", kb // (cfg["nu"] * v), lambda jo: score_tile(io, jo, s, key0))
+
+            def update(i: Var) -> Stmt:
+                row = io * mr + i
+                mp = Buffer("max_part", (v,), f32, "local")
+                sp = Buffer("sum_part", (v,), f32, "local")
+                new = Buffer("new_max", (2,), f32, "local")  # [0]: the new max, [1]: it or 0 if -inf
+                cur = Load(new, (const(1),))
+                stmts = [
+                    _loop("mx0", v, lambda x: BufferStore(mp, (x,), neg_inf), vec),
+                    _loop(
+                        "mj",
+                        kb // v,
+                        lambda j: _loop(
+                            "mx",
+                            v,
+                            lambda x: BufferStore(
+                                mp, (x,), Binary("max", Load(mp, (x,)), Load(s, (i, j * v + x)), f32)
+                            ),
+                            vec,
+                        ),
+                    ),
+                    BufferStore(
+                        new,
+                        (const(0),),
+                        Binary(
+                            "max",
+                            Load(mx, (row,)),
+                            _tree("max", [Load(mp, (const(x),)) for x in range(v)], f32),
+                            f32,
+                        ),
+                    ),
+                    BufferStore(
+                        new,
+                        (const(1),),
+                        select(
+                            Compare("==", Load(new, (const(0),)), neg_inf),
+                            const(0.0, f32),
+                            Load(new, (const(0),)),
+                        ),
+                    ),
+                    _loop(
+                        "ej",
+                        kb // v,
+                        lambda j: _loop(
+                            "ex",
+                            v,
+                            lambda x: BufferStore(
+                                s, (i, j * v + x), Call("exp", (Load(s, (i, j * v + x)) - cur,), f32)
+                            ),
+                            vec,
+                        ),
+                    ),
+                    _loop("sx0", v, lambda x: BufferStore(sp, (x,), const(0.0, f32)), vec),
+                    _loop(
+                        "sj",
+                        kb // v,
+                        lambda j: _loop(
+                            "sx",
+                            v,
+                            lambda x: BufferStore(sp, (x,), Load(sp, (x,)) + Load(s, (i, j * v + x))),
+                            vec,
+                        ),
+                    ),
+                ]
+                corr = Buffer("correction", (1,), f32, "local")
+                c0 = Load(corr, (const(0),))
+                stmts += [
+                    BufferStore(corr, (const(0),), Call("exp", (Load(mx, (row,)) - cur,), f32)),
+                    BufferStore(
+                        sm,
+                        (row,),
+                        Load(sm, (row,)) * c0 + _tree("+", [Load(sp, (const(x),)) for x in range(v)], f32),
+                    ),
+                    BufferStore(mx, (row,), Load(new, (const(0),))),
+                    _loop("rc", dv, lambda c: BufferStore(acc_o, (row, c), Load(acc_o, (row, c)) * c0), vec),
+                ]
+                return Allocate(mp, Allocate(sp, Allocate(new, Allocate(corr, SeqStmt(stmts)))))
+
+            def pv_tile(po: Var, do: Var) -> Stmt:
+                o = Buffer("out_acc", (pmr, pnu * v), f32, "local")
+
+                def col_of(u: Expr, x: Expr) -> Expr:
+                    return do * (pnu * v) + u * v + x
+
+                def each(name: str, fn) -> Stmt:
+                    return _loop(
+                        name + "i",
+                        pmr,
+                        lambda i: _loop(
+                            name + "u", pnu, lambda u: _loop(name + "x", v, lambda x: fn(i, u, x), vec), unr
+                        ),
+                        unr,
+                    )
+
+                row = lambda i: io * mr + po * pmr + i  # noqa: E731
+                load = each(
+                    "l", lambda i, u, x: BufferStore(o, (i, u * v + x), Load(acc_o, (row(i), col_of(u, x))))
+                )
+
+                def fma(j: Var) -> Stmt:
+                    return each(
+                        "p",
+                        lambda i, u, x: BufferStore(
+                            o,
+                            (i, u * v + x),
+                            Load(o, (i, u * v + x))
+                            + Load(s, (po * pmr + i, j)) * vval(key0 + j, col_of(u, x)),
+                        ),
+                    )
+
+                store = each(
+                    "s", lambda i, u, x: BufferStore(acc_o, (row(i), col_of(u, x)), Load(o, (i, u * v + x)))
+                )
+                return Allocate(o, _seq(load, _loop("j", kb, fma), store))
+
+            pv = _loop("po", mr // pmr, lambda po: _loop("do", dv // (pnu * v), lambda do: pv_tile(po, do)))
+            return Allocate(s, _seq(scores, _loop("ri", mr, update), pv))
+
+        return _loop("io", r // mr, tile)
+
+    final = _loop(
+        "fr",
+        r,
+        lambda i: _loop(
+            "fc",
+            dv,
+            lambda c: BufferStore(
+                out, (*batch, row0 + i, c), Load(acc_o, (i, c)) * Call("recip", (Load(sm, (i,)),), f32)
+            ),
+            vec,
+        ),
+    )
+    body = _seq(init, _loop("kbo", n // kb, block), final)
+    return Allocate(acc_o, Allocate(mx, Allocate(sm, body)))

@@ -1,5 +1,6 @@
 """The CPU attention sketch: every config its space allows that ``check`` accepts, on AVX-512, AVX2 and SSE
-targets, computes the attention core (scale, masks, head layouts, rows != keys) as numpy does; the default
+targets, computes the attention core (scale, masks, head layouts, rows != keys; two-pass or online softmax,
+rows whose first key blocks are all masked) as numpy does; the default
 passes its own check on every ISA and fills the ISA's registers; the generated C runs on the host."""
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-MASKS = ("none", "add", "where")
+MASKS = ("none", "add", "where", "suffix")
 SCALES = ("multiply", "divide", "none")
 
 
 def core_graph(batch: int, heads: int, m: int, n: int, hd: int, scale: str, mask: str) -> Graph:
     """Multi-head attention of q [batch, m, heads*hd] over k, v [batch, n, heads*hd] (head split by
-    reshape + transpose), with an optional scale and a constant mask of the keys each row may see."""
+    reshape + transpose), with an optional scale and a constant mask of the keys each row may see (additive
+    -inf or ``where``)."""
     b = GraphBuilder("core")
 
     def heads_of(name: str, rows: int):
@@ -53,7 +55,9 @@ def core_graph(batch: int, heads: int, m: int, n: int, hd: int, scale: str, mask
     elif scale == "divide":
         s = b.divide(s, math.sqrt(hd))
     keep = np.tril(np.ones((m, n), bool), max(0, n - m))  # every row sees at least one key
-    if mask == "add":
+    if mask == "suffix":  # row i sees keys i.. only: a row's first key blocks can be all -inf
+        keep = np.arange(n)[None, :] >= np.minimum(np.arange(m), n - 1)[:, None]
+    if mask in ("add", "suffix"):
         s = b.add(s, b.param("mask", np.where(keep, 0.0, -np.inf).astype(np.float32)))
     elif mask == "where":
         s = b.where(b.param("keep", keep), s, float(np.finfo(np.float32).min))
@@ -130,13 +134,17 @@ def test_illegal_tiles_are_rejected_naming_the_knob():
         sketch.check(group, {**config, "vector": 8, "nu": 4}, target)  # 32 does not divide 16 keys
 
 
+@pytest.mark.parametrize("online", [False, True], ids=["two-pass", "online"])
 @pytest.mark.parametrize("mask", MASKS)
-def test_generated_c_runs_on_the_host(mask):
+def test_generated_c_runs_on_the_host(mask, online):
     group = attention_group(core_graph(2, 3, 16, 32, 16, "divide", mask))
     target = Target.host()
     sketch = CpuAttentionSketch()
-    func = get_backend(target).lower(sketch.build(group, sketch.default(group, target), target).func)
+    config = sketch.default(group, target)
+    if online:  # key blocks of 16: rows of the suffix mask start with fully masked blocks
+        config = {**config, "keys": 16, "nu": 1}
+    func = get_backend(target).lower(sketch.build(group, config, target).func)
     ins = inputs_for(group, seed=1)
     (out,) = util.run(func, *ins)
     (ref,) = run_reference(group.subgraph, ins)
-    check_close(out, ref, f"host C, mask {mask}")
+    check_close(out, ref, f"host C, mask {mask}, {config}")
