@@ -2,11 +2,11 @@
 P·V with the Q/K/V layout prologues) as one kernel, the score rows kept in a local buffer::
 
     parallel for (batch x head, block of R query rows)         (the thread pool; ``parallel``)
-      kt[Dk][N] = K of this head, transposed                   (``pack_k``: one column of all keys at a time,
-                                                               or blocks of 16 keys; ``none``: K in place)
+      kt[N/w][Dk][w] = K of this head in panels of w = nu x V keys (``pack_k``: by columns or by rows of
+                                                               a panel; ``none``: K read in place)
       for each tile of mr query rows                           s[mr][N]: the tile's scores (L1)
         for column tiles of nu vectors
-          acc[mr][nu x V] = sum_k Q[row][k] * kt[k][cols]      (register tile: FMAs, Q broadcast)
+          acc[mr][nu x V] = sum_k Q[row][k] * kt[panel][k][..]  (register tile: FMAs, Q broadcast)
           s[rows][cols] = score(acc)                           (scale, mask: the group's own ops)
         for each row: m = max_j s; s = exp(s - m); l = sum_j s (vector partials, balanced trees;
                                                                 exp computed once per score)
@@ -15,14 +15,17 @@ P·V with the Q/K/V layout prologues) as one kernel, the score rows kept in a lo
           out[rows][cols] = o * (1 / l[row])
 
 The scores never leave L1 (mr x N floats), so the [B, H, M, N] score tensor is neither written nor read
-back, and each exp is computed once. Softmax is the exact two-pass form over the whole key row (max, then
-exp/sum); an online (flash-style) softmax over key blocks, for sequences whose packed K or score rows do not
-fit the cache, is not built. The Q, K, V, mask and score expressions are taken from the group's own
-tensor-expression lowering (the bodies of its QKᵀ, reduce_max and P·V blocks), so every layout prologue the
-fusion rules admit (head reshapes/transposes, slices of a merged Q/K/V projection) and every score op the
-matcher admits (scale multiply/divide, additive or ``where`` mask) is computed as the graph says. Knobs:
-vector lanes, the two register tiles, the row block, K packing, the thread pool; defaults from the target's
-vector width and register count (:meth:`CpuAttentionSketch.default`).
+back, and each exp is computed once. With ``keys`` = N that is the exact two-pass softmax over the whole key
+row (max, then exp/sum). With fewer keys per block (:func:`_online`, the default beyond 512 keys) it is the
+online (flash-attention) form: for each key block, every row tile of the task computes its scores, updates a
+running max and sum per row and rescales its output rows by exp(old max - new max) before adding P·V, so a
+block's K panels and V rows are reused from L1/L2 by all R rows instead of being streamed once per row
+tile. The Q, K, V, mask and score expressions are taken from the group's own tensor-expression lowering
+(the bodies of its QKᵀ, reduce_max and P·V blocks), so every layout prologue the fusion rules admit (head
+reshapes/transposes, slices of a merged Q/K/V projection) and every score op the matcher admits (scale
+multiply/divide, additive or ``where`` mask) is computed as the graph says. Knobs: vector lanes, the two
+register tiles, the row block, K packing, the key block, the thread pool; defaults from the target's vector
+width and register count (:meth:`CpuAttentionSketch.default`).
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ ROWS = (4, 8, 16, 32, 64, 128)
 TILE_ROWS = (1, 2, 4, 8)
 TILE_VECTORS = (1, 2, 4)
 KEY_BLOCKS = (8, 16, 32, 64, 128, 256)
-PACK_KEYS = 16  # keys per block of the K transpose
-PACK_COLUMNS_UP_TO = 128  # keys: up to this many, the default packs K one column of all keys at a time
+TWO_PASS_UP_TO = 512  # keys: up to this many, the default keeps whole score rows (two-pass softmax)
+ONLINE_KEYS = 256  # the default key block of the online softmax beyond that
 
 
 def _geometry(group: Group) -> dict[str, int]:
@@ -99,8 +102,8 @@ class CpuAttentionSketch(Sketch):
             Knob(
                 "pack_k",
                 ("blocked", "transpose", "none"),
-                "K of the head transposed into a local buffer (in blocks of PACK_KEYS keys, or one column of "
-                "all keys at a time), or read in place",
+                "K of the head packed into panels of nu x vector keys (one column of a panel's keys at a "
+                "time, or one key's row at a time), or read in place",
             ),
             Knob(
                 "keys",
@@ -168,10 +171,11 @@ class CpuAttentionSketch(Sketch):
             "nu": nu,
             "pv_mr": pmr,
             "pv_nu": pnu,
-            # one column of all keys at a time while the head's K rows stay in the TLB's reach: 128 keys
-            # (AVX-512, 12 heads of 128 x 64) 121.6 us vs 130.2 blocked; 512 keys 5.59 ms vs 2.07 blocked
-            "pack_k": "transpose" if geo["n"] <= PACK_COLUMNS_UP_TO else "blocked",
-            "keys": geo["n"],
+            # by columns of a panel (its w K rows stay in L1); by rows measured the same (128, 512 keys)
+            "pack_k": "blocked",
+            # whole score rows up to TWO_PASS_UP_TO keys (512: 1.98 vs 2.15 ms online by 128), then online
+            # softmax by blocks of 256 (1024 keys: 7.7 vs 10.1 ms two-pass; 2048: 31.5 vs 38.3 ms)
+            "keys": geo["n"] if geo["n"] <= TWO_PASS_UP_TO or geo["n"] % ONLINE_KEYS else ONLINE_KEYS,
             "parallel": "tasks" if geo["bh"] * geo["m"] // r >= 2 and work >= PARALLEL_MIN_WORK else "none",
         }
         self.check(group, config, target)
@@ -298,36 +302,38 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
         batch = _unravel(flat_bh, batch_shape) if batch_shape else []
         s = Buffer("scores", (mr, n), f32, "local")
         lsum = Buffer("row_sum", (mr,), f32, "local")
-        kt = Buffer("k_packed", (dk, n), f32, "local") if cfg["pack_k"] != "none" else None
+        w = nu * v  # keys per QKᵀ register tile: K is packed in panels of w keys, [N / w][Dk][w]
+        kt = Buffer("k_packed", (n // w, dk, w), f32, "local") if cfg["pack_k"] != "none" else None
 
         def vval(j: Expr, col: Expr) -> Expr:
             return parts.v(batch, j, col)
 
-        def kval(col: Expr, k: Expr) -> Expr:
-            return Load(kt, (k, col)) if kt is not None else parts.k(batch, col, k)
+        def kval(panel: Expr, c: Expr, k: Expr) -> Expr:
+            return Load(kt, (panel, k, c)) if kt is not None else parts.k(batch, panel * w + c, k)
 
         # --- K of the head, transposed
         pack = None
         if kt is not None:
-            # in blocks of PACK_KEYS keys: the block's K rows (a few pages, strided by the model width) stay
-            # in L1 while each of their Dk columns is written as one contiguous run of the packed row
-            jb = PACK_KEYS if n % PACK_KEYS == 0 and cfg["pack_k"] == "blocked" else 1
+            # per panel of w keys (a contiguous Dk x w block: each register tile reads one, no 4 KiB-strided
+            # rows at long sequences): blocked = one column of the panel's w keys at a time (their K rows, a
+            # few pages strided by the model width, stay in L1; contiguous writes), transpose = one key's
+            # row at a time (contiguous reads)
+            def pack_panel(p_: Var) -> Stmt:
+                def put(c: Expr, k: Expr) -> Stmt:
+                    return BufferStore(kt, (p_, k, c), parts.k(batch, p_ * w + c, k))
 
-            def pack_block(jo: Var) -> Stmt:
-                def column(k: Var) -> Stmt:
-                    return _loop(
-                        "pj",
-                        jb,
-                        lambda j: BufferStore(kt, (k, jo * jb + j), parts.k(batch, jo * jb + j, k)),
-                    )
+                if cfg["pack_k"] == "blocked":
+                    return _loop("pk", dk, lambda k: _loop("pc", w, lambda c: put(c, k)))
+                return _loop("pc", w, lambda c: _loop("pk", dk, lambda k: put(c, k)))
 
-                return _loop("pk", dk, column)
-
-            pack = _loop("pjo", n // jb, pack_block)
+            pack = _loop("pp", n // w, pack_panel)
 
         # --- scores
         def score_tile(io: Var, jo: Var, s: Buffer = s, key0: Expr | None = None) -> Stmt:
+            """Scores of rows io * mr .. and keys key0 + jo * w .. into s[.., jo * w ..]; key0 is a multiple
+            of w (the key block is)."""
             key0 = const(0) if key0 is None else key0
+            panel = key0 // w + jo
             acc = Buffer("acc", (mr, nu * v), f32, "local")
             init = _loop(
                 "ai",
@@ -341,10 +347,9 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
                     def lane(u: Var) -> Stmt:
                         def el(x: Var) -> Stmt:
                             c = u * v + x
-                            col = key0 + jo * (nu * v) + c
                             prev = Load(acc, (i, c))
                             return BufferStore(
-                                acc, (i, c), prev + parts.q(batch, row0 + io * mr + i, k) * kval(col, k)
+                                acc, (i, c), prev + parts.q(batch, row0 + io * mr + i, k) * kval(panel, c, k)
                             )
 
                         return _loop("sx", v, el, vec)

@@ -32,7 +32,7 @@ TARGETS = (Target.host(), *X86_TARGETS.values())
 SETTINGS = settings(
     max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", "30")),
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 MASKS = ("none", "add", "where", "suffix")
 SCALES = ("multiply", "divide", "none")
