@@ -30,6 +30,7 @@ Every intermediate (s0 .. p) is read only inside the core and is no graph output
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,12 +60,12 @@ class AttentionCore:
         return frozenset(id(n) for n in self.nodes)
 
 
-def _constant(v: Value) -> bool:
+def _constant(v: Value, const: Callable[[Value], bool]) -> bool:
     """A model constant, a constant node, or a layout of one (a mask broadcast to the scores)."""
     p = v.producer
-    if v.kind == "param" or (p is not None and p.op == "constant"):
+    if const(v) or (p is not None and p.op == "constant"):
         return True
-    return p is not None and p.op in CONST_LAYOUTS and len(p.inputs) == 1 and _constant(p.inputs[0])
+    return p is not None and p.op in CONST_LAYOUTS and len(p.inputs) == 1 and _constant(p.inputs[0], const)
 
 
 def _only(users: dict[Value, list[Node]], v: Value, outputs: set[Value]) -> list[Node]:
@@ -76,9 +77,11 @@ def _last_axis_reduce(n: Node, op: str) -> bool:
     return n.op == op and tuple(n.attrs["axes"]) == (rank - 1,) and bool(n.attrs["keepdims"])
 
 
-def match_core(graph: Graph, qk: Node) -> AttentionCore | None:
+def match_core(graph: Graph, qk: Node, const: Callable[[Value], bool] | None = None) -> AttentionCore | None:
     """The attention core starting at the batch_matmul ``qk``, or None when the nodes after it do not have
-    the matched form."""
+    the matched form. ``const`` says which values are model constants (default: params; a region's
+    subgraph passes its constant inputs)."""
+    const = const or (lambda v: v.kind == "param")
     if qk.op != "batch_matmul" or qk.attrs.get("transpose_a"):
         return None
     users = graph.consumers()
@@ -93,7 +96,7 @@ def match_core(graph: Graph, qk: Node) -> AttentionCore | None:
         if get_op(n.op).kind != PatternKind.ElementWise and n.op != "where":
             break
         others = [v for v in n.inputs if v is not cur]
-        if len(others) != len(n.inputs) - 1 or not all(_constant(v) for v in others):
+        if len(others) != len(n.inputs) - 1 or not all(_constant(v, const) for v in others):
             break
         chain.append(n)
         cur = n.output
@@ -141,9 +144,16 @@ def _single(users: dict[Value, list[Node]], v: Value, outs: set[Value]) -> Node 
     return readers[0] if len(readers) == 1 else None
 
 
-def match_cores(graph: Graph) -> list[AttentionCore]:
-    """Every attention core of ``graph`` (decomposed and optimized), in graph order."""
-    return [c for n in graph.nodes if n.op == "batch_matmul" for c in [match_core(graph, n)] if c is not None]
+def match_cores(graph: Graph, const: Callable[[Value], bool] | None = None) -> list[AttentionCore]:
+    """Every attention core of ``graph`` (decomposed and optimized), in graph order (``const``: see
+    :func:`match_core`)."""
+    return [
+        c
+        for n in graph.nodes
+        if n.op == "batch_matmul"
+        for c in [match_core(graph, n, const)]
+        if c is not None
+    ]
 
 
 def premerge_cores(graph: Graph, part: Any, edges: list[FusionEdge]) -> dict[int, AttentionCore]:

@@ -140,16 +140,16 @@ def split_k_edges(graph: Graph, target: Target | None) -> list[FusionEdge]:
     ]
 
 
-def attention_edges(graph: Graph) -> list[FusionEdge]:
+def attention_edges(graph: Graph, const: Callable[[Value], bool] | None = None) -> list[FusionEdge]:
     """One edge per attention core (:mod:`compiler.attention`: QKᵀ -> scale/mask -> softmax -> P·V): on,
     the core is one group of kind ``attention``. Producer = the QKᵀ batch_matmul, consumer = P·V; id
-    ``a<qk>_<pv>``; the rules leave it off."""
+    ``a<qk>_<pv>``; the rules leave it off. ``const``: which values are model constants (default params)."""
     from compiler.attention import match_cores
 
     numbers = _canonical_numbers(graph)
     return [
         FusionEdge(f"a{numbers[id(c.qk)]}_{numbers[id(c.pv)]}", c.qk, c.pv, False, "attention")
-        for c in match_cores(graph)
+        for c in match_cores(graph, const)
         if id(c.qk) in numbers and id(c.pv) in numbers
     ]
 
@@ -731,7 +731,7 @@ def regions(
         const_values = {v for v, c in zip(sub.inputs, const) if c}
         sub_all = (
             fusion_edges(sub)
-            + attention_edges(sub)
+            + attention_edges(sub, const_values.__contains__)
             + horizontal_edges(sub, const_values.__contains__)
             + recompute_edges(sub)
             + split_k_edges(sub, target)

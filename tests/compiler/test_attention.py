@@ -137,3 +137,14 @@ def test_plan_search_regions_offer_the_edge_on_the_cpu_and_never_on_cuda():
     assert edge.id not in [e.id for r in cuda_regions for e in r.edges]
     fixed = {k: v for r in cuda_regions for k, v in r.fixed.items()}
     assert fixed[edge.id].startswith("no sketch")
+
+
+@pytest.mark.parametrize("mask", ["where", "add"])
+def test_a_masked_core_is_offered_in_its_region(mask):
+    """In a region's own subgraph the mask (a model constant) is an input marked constant: the region still
+    matches the core, so the plan search can flip it."""
+    g = optimize(load_onnx(L.gpt_model(1, 8, 16, 2, mask=mask)))
+    (edge,) = attention_edges(g)
+    cpu = Target.parse("cpu")
+    found = regions(g, _has_sketch(cpu), cpu)
+    assert edge.id in [e.id for r in found for e in r.edges]
