@@ -482,11 +482,11 @@ def _fuse_edges(
         if core is not None:
             cores.pop(gc, None)
             cores[gp] = core
-    return _build_groups(graph, part, position, {id(c.qk) for c in cores.values()}), rejected
+    return _build_groups(graph, part, position, frozenset(id(c.qk) for c in cores.values())), rejected
 
 
 def _build_groups(
-    graph: Graph, part: _Partition, position: dict[int, int], attention_anchors: set[int] = frozenset()
+    graph: Graph, part: _Partition, position: dict[int, int], attention_anchors: frozenset[int] = frozenset()
 ) -> list[Group]:
     consumers = graph.consumers()
     graph_outputs = set(graph.outputs)
