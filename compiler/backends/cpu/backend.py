@@ -11,6 +11,7 @@ from compiler.backends.cpu.codegen import generate_c
 from compiler.backends.cpu.executor import CpuCompiledModel
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
 from compiler.backends.cpu.sketches.conv import CpuConvSketch
+from compiler.backends.cpu.sketches.conv_pool import CpuConvPoolSketch
 from compiler.backends.cpu.sketches.generic import CpuGenericSketch
 from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
 from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
@@ -32,6 +33,7 @@ class CpuBackend(Backend):
         CpuPointwiseSketch,
         CpuReductionSketch,
         CpuConvSketch,
+        CpuConvPoolSketch,
         CpuContractionSketch,
         CpuGenericSketch,
     )
