@@ -74,7 +74,7 @@ class CpuConvPoolSketch(Sketch):
         pool = pool_node(group)
         if group.kind not in self.kinds or pool is None or not G.is_conv(group):
             return False
-        if not G.const_second_operand(group) or len(group.outputs) != 1 or group.outputs[0] is not pool.output:
+        if not G.const_second_operand(group) or group.outputs != [pool.output]:
             return False
         attrs = pool.attrs
         ky, kx = attrs["kernel"]
@@ -128,7 +128,6 @@ class CpuConvPoolSketch(Sketch):
     def default(self, group: Group, target: Target) -> Config:
         """The conv sketch's direct default tile, moved to the nearest whole-window tile of the space
         (most accumulators that fit), lane-by-lane pooling."""
-        geo = conv_geometry(group)
         knobs = {k.name: k.values for k in self.space(group, target)}
         lanes = max(v for v in knobs["vector_x"] if any(nr % v == 0 for nr in knobs["nr_x"]))
         budget = registers(target) - 4
