@@ -4,23 +4,26 @@ rules' plan, so the plan search decides it by measurement).
 
 The pooled output is tiled; each tile computes the convolution's register tile that covers its windows
 exactly (the direct method of :mod:`~compiler.backends.cpu.sketches.conv`: accumulators in vector
-registers, weights re-laid out to ``[O/OC][C/g][KH][KW][OC]``, the zero-padded input copy) and reduces it
-straight from the registers into the pooled values, so the convolution's full-size output is never
-written nor read back::
+registers, weights re-laid out to ``[O/OC][C/g][KH][KW][OC]``, the zero-padded input copy), stores it once
+into a tile buffer on the stack (at most a few KiB: L1), and pools that buffer into the output, so the
+convolution's full-size output is never written to memory nor read back::
 
     parallel for (n, o_o, py_o)
       for px_o                                     acc[oc_tile][ry][nr]: the conv tile, in registers
         for c, kh, kw   (kh, kw unrolled)
           for o_i, y_i, x_v (unrolled), lanes (vector)
             acc[o_i][y_i][x] += pad[n][c][y + kh][x + kw] * W[o/OC][c][kh][kw][o_i]
-        for o_i, py_i, px_i (unrolled), wy, wx
-          out[n][o][py][px] = max/sum(epilogue(acc[o_i][py_i*KY + wy][px_i*KX + wx]))
+        tile[o_i][y_i][x] = acc                    (vector stores)
+        for wy, wx, o_i, py_i (unrolled), px_v (unrolled), lanes (vector)
+          out[n][o][py][px] = max/sum(out, epilogue(tile[o_i][py_i*KY + wy][px*KX + wx]))
 
-The conv tile's rows and pixels are whole windows (``ry``, ``nr_x`` multiples of the pool's kernel), the
-windows do not overlap (stride = kernel, no padding) and the tiles divide the output exactly (no row
-tails), so no pixel is computed twice. Knobs: the conv direct method's register tile (``oc_tile``, ``ry``,
-``nr_x``, ``vector_x``), ``parallel_x``, and ``pool_vector`` (the pooled values of a tile row reduced lane by
-lane, 1, or as vectors of that many lanes).
+A tap of a 2-wide window reads every other pixel of a tile row: a stride-2 vector, which the C printer
+writes as two contiguous loads deinterleaved (``CPrinter.stride2_load``). The conv tile's rows and pixels
+are whole windows (``ry``, ``nr_x`` multiples of the pool's kernel), the windows do not overlap (stride =
+kernel, no padding) and the tiles divide the output exactly (no row tails), so no pixel is computed
+twice. Knobs: the conv direct method's register tile (``oc_tile``, ``ry``, ``nr_x``, ``vector_x``),
+``parallel_x``, and ``pool_vector`` (the pooled values of a tile row reduced lane by lane, 1, or in vectors
+of ``vector_x`` lanes).
 """
 
 from __future__ import annotations
@@ -117,8 +120,14 @@ class CpuConvPoolSketch(Sketch):
         regs = config["oc_tile"] * config["ry"] * (nr // v)
         if v > 1 and regs > registers(target) - 2:
             raise ScheduleError(f"conv_pool: a direct tile of {regs} vector accumulators does not fit")
+        pv = config["pool_vector"]
+        if pv not in (1, v):
+            raise ScheduleError(
+                f"conv_pool: pool_vector {pv} must be 1 or vector_x {v} (narrower vectors deinterleaved "
+                "out of the wider stores of the tile measured 3x slower)"
+            )
         pooled = nr // pg["kx"]
-        if pooled % config["pool_vector"]:
+        if pooled % pv:
             raise ScheduleError(
                 f"conv_pool: pool_vector {config['pool_vector']} does not divide the {pooled} pooled "
                 f"values of a tile row (nr_x {nr} / window {pg['kx']})"
@@ -126,8 +135,9 @@ class CpuConvPoolSketch(Sketch):
 
     # ------------------------------------------------------------------ default
     def default(self, group: Group, target: Target) -> Config:
-        """The conv sketch's direct default tile, moved to the nearest whole-window tile of the space
-        (most accumulators that fit), lane-by-lane pooling."""
+        """The whole-window tile with the most FMAs per load that fits in the vector registers (ties: the
+        longer row, so that a tile row holds a whole vector of pooled values, then the larger tile); the
+        pooled values in the widest vectors that divide a tile row."""
         knobs = {k.name: k.values for k in self.space(group, target)}
         lanes = max(v for v in knobs["vector_x"] if any(nr % v == 0 for nr in knobs["nr_x"]))
         budget = registers(target) - 4
@@ -138,8 +148,8 @@ class CpuConvPoolSketch(Sketch):
                     if nr % lanes or oc * ry * (nr // lanes) > budget:
                         continue
                     nv = nr // lanes
-                    # FMAs per load (the conv sketch's measure), then the larger tile
-                    key = (oc * ry * nv / (ry * nv + oc), oc * ry * nv)
+                    # FMAs per load (the conv sketch's measure), then the longer row, then the larger tile
+                    key = (oc * ry * nv / (ry * nv + oc), nr, oc * ry * nv)
                     if best_key is None or key > best_key:
                         best, best_key = (oc, ry, nr), key
         if best is None:
@@ -151,7 +161,7 @@ class CpuConvPoolSketch(Sketch):
             "nr_x": nr,
             "vector_x": lanes,
             "parallel_x": "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none",
-            "pool_vector": 1,
+            "pool_vector": lanes if (nr // pool_geometry(group)["kx"]) % lanes == 0 else 1,
         }
         self.check(group, config, target)
         return config
@@ -164,13 +174,16 @@ class CpuConvPoolSketch(Sketch):
         sch, blocks = prepare(group, keep=lambda _sch, b: b.name.endswith("_pad"))
         mm = next(b for b in blocks if b.is_reduction)
         (pool,) = output_blocks(sch)
-        sch.set_scope(A.writes(mm)[0], "local")  # the conv's output: the register tile only
+        # the conv tile accumulates in registers and is stored once into a tile buffer in L1 (the
+        # convolution's output compacted to one tile), which the pool reads with vector loads
+        copy = sch.cache_write(mm, A.writes(mm)[0], "local")
         n, c, py, px, *window = sch.get_loops(pool)
         c_o, c_i = sch.split(c, [None, oc])
         py_o, py_i = sch.split(py, [None, ry // pg["ky"]])
         px_o, px_i = sch.split(px, [None, nr // pg["kx"]])
         sch.reorder(n, c_o, py_o, px_o, *window, c_i, py_i, px_i)
-        sch.compute_at(mm, px_o)  # the conv tile covering the tile's windows
+        sch.compute_at(copy, px_o)  # the conv tile covering the tile's windows
+        sch.compute_at(mm, px_o)
         loops = sch.get_loops(mm)
         tile, red = loops[-6:-3], loops[-3:]
         sch.reorder(*red, *tile)
@@ -184,7 +197,7 @@ class CpuConvPoolSketch(Sketch):
                     sch.pad(b, lp)
         weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
         sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
-        for b in (mm, init):
+        for b in (mm, init, copy):
             CpuConvSketch._vector_tile(sch, b, v, px_o)
         self._pool_tile(sch, pool, config["pool_vector"])
         CpuConvSketch._schedule_pad(sch, config, target)
