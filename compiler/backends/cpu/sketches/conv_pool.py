@@ -38,6 +38,7 @@ from compiler.layouts import TilePack
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import free_vars
 from compiler.loopir.schedule import Schedule
+from compiler.loopir.stmt import Block, For
 from compiler.target import Target
 
 VECTORS = (1, 4, 8, 16)
@@ -71,9 +72,9 @@ class CpuConvPoolSketch(Sketch):
     kinds = ("conv_pool",)
 
     def applies(self, group: Group) -> bool:
-        """A conv2d with constant weights, pooled by a window whose stride is its kernel (no padding, no
-        dilation, floor mode) over an output that the windows tile exactly, the pool being the group's
-        only output (nothing after it, the convolution's output not read elsewhere)."""
+        """A conv2d with constant weights, pooled by a window whose stride is its kernel (no padding)
+        over an output that the windows tile exactly, the pool being the group's only output (nothing
+        after it, the convolution's output not read elsewhere)."""
         pool = pool_node(group)
         if group.kind not in self.kinds or pool is None or not G.is_conv(group):
             return False
@@ -85,8 +86,6 @@ class CpuConvPoolSketch(Sketch):
         return (
             tuple(attrs.get("strides", (ky, kx))) == (ky, kx)
             and not any(attrs.get("padding", (0, 0, 0, 0)))
-            and tuple(attrs.get("dilations", (1, 1))) == (1, 1)
-            and not attrs.get("ceil_mode", False)
             and h % ky == 0
             and w % kx == 0
         )
@@ -96,7 +95,7 @@ class CpuConvPoolSketch(Sketch):
         geo, pg = conv_geometry(group), pool_geometry(group)
         lanes = target.vector_lanes_f32
         rows = tuple(pg["ky"] * k for k in (1, 2) if geo["oh"] % (pg["ky"] * k) == 0)
-        pixels = tuple(pg["kx"] * k for k in (2, 4, 8, 16, 32) if geo["ow"] % (pg["kx"] * k) == 0)
+        pixels = tuple(pg["kx"] * k for k in (1, 2, 4, 8, 16, 32) if geo["ow"] % (pg["kx"] * k) == 0)
         if not rows or not pixels:
             raise ScheduleError(f"conv_pool: no conv tile of whole windows tiles the output of {group.name}")
         return [
@@ -173,10 +172,14 @@ class CpuConvPoolSketch(Sketch):
         oc, ry, nr, v = config["oc_tile"], config["ry"], config["nr_x"], config["vector_x"]
         sch, blocks = prepare(group, keep=lambda _sch, b: b.name.endswith("_pad"))
         mm = next(b for b in blocks if b.is_reduction)
-        (pool,) = output_blocks(sch)
+        conv_out = A.writes(mm)[0]
+        # the window: the reduction reading the convolution (an average pool: its sum, then the divide,
+        # the output block, elementwise on it)
+        pool = next(b for b in sch.blocks() if b is not mm and b.is_reduction and conv_out in A.reads(b))
+        (out,) = output_blocks(sch)
         # the conv tile accumulates in registers and is stored once into a tile buffer in L1 (the
         # convolution's output compacted to one tile), which the pool reads with vector loads
-        copy = sch.cache_write(mm, A.writes(mm)[0], "local")
+        copy = sch.cache_write(mm, conv_out, "local")
         n, c, py, px, *window = sch.get_loops(pool)
         c_o, c_i = sch.split(c, [None, oc])
         py_o, py_i = sch.split(py, [None, ry // pg["ky"]])
@@ -184,9 +187,11 @@ class CpuConvPoolSketch(Sketch):
         sch.reorder(n, c_o, py_o, px_o, *window, c_i, py_i, px_i)
         sch.compute_at(copy, px_o)  # the conv tile covering the tile's windows
         sch.compute_at(mm, px_o)
-        loops = sch.get_loops(mm)
-        tile, red = loops[-6:-3], loops[-3:]
-        sch.reorder(*red, *tile)
+        if out is not pool:
+            sch.reverse_compute_at(out, px_o)
+        tile, red = _under(sch, mm, px_o)
+        if tile:
+            sch.reorder(*red, *tile)
         init = sch.decompose_reduction(mm, red[0])
         for small in red[1:]:
             if small.extent <= 7:
@@ -199,7 +204,9 @@ class CpuConvPoolSketch(Sketch):
         sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
         for b in (mm, init, copy):
             CpuConvSketch._vector_tile(sch, b, v, px_o)
-        self._pool_tile(sch, pool, config["pool_vector"])
+        self._pool_tile(sch, pool, px_o, config["pool_vector"])
+        if out is not pool:
+            _unroll_rows(sch, out, px_o, config["pool_vector"])
         CpuConvSketch._schedule_pad(sch, config, target)
         if config["parallel_x"] == "outer":
             fused = fuse_loops(sch, [n, c_o, py_o])
@@ -208,20 +215,36 @@ class CpuConvPoolSketch(Sketch):
         return sch
 
     @staticmethod
-    def _pool_tile(sch: Schedule, pool, pv: int) -> None:
-        """The pooling block under the tile loop: its init split off, the window loops outside the
-        tile's (channel, row, pixel) loops, which are unrolled, the pixels in vectors of ``pv`` lanes."""
-        loops = sch.get_loops(pool)
-        window, tile = loops[-5:-3], loops[-3:]
-        init = sch.decompose_reduction(pool, window[0])
-        for b in (init, pool):
-            *rest, x = sch.get_loops(b)[-3:]
-            xo, xv = sch.split(x, [None, pv])
-            if pv > 1:
-                sch.vectorize(xv)
-            sch.unroll(xo)
-            for lp in rest:
-                sch.unroll(lp)
+    def _pool_tile(sch: Schedule, pool: Block, px_o: For, pv: int) -> None:
+        """The pooling block under the tile loop ``px_o``: its init split off, the window loops outside
+        the tile's (channel, row, pixel) loops, which are unrolled, the pixels in vectors of ``pv``
+        lanes."""
+        _tile, window = _under(sch, pool, px_o)
+        if pool.init is not None and window:
+            init = sch.decompose_reduction(pool, window[0])
+            _unroll_rows(sch, init, px_o, pv)
+        _unroll_rows(sch, pool, px_o, pv)
         for lp in window:
             sch.unroll(lp)
-        del tile
+
+
+def _under(sch: Schedule, block: Block, loop: For) -> tuple[list[For], list[For]]:
+    """The block's loops under ``loop``: (the spatial ones, the ones that drive its reduction)."""
+    loops = sch.get_loops(block)
+    below = loops[[lp.var for lp in loops].index(loop.var) + 1 :]
+    red = [lp for lp in below if G.drives_reduce(block, lp)]
+    return [lp for lp in below if lp not in red], red
+
+
+def _unroll_rows(sch: Schedule, block: Block, loop: For, pv: int) -> None:
+    """The block's spatial loops under ``loop`` unrolled, the innermost split into vectors of ``pv``."""
+    tile, _red = _under(sch, block, loop)
+    if not tile:
+        return
+    *rest, x = tile
+    xo, xv = sch.split(x, [None, pv])
+    if pv > 1:
+        sch.vectorize(xv)
+    sch.unroll(xo)
+    for lp in rest:
+        sch.unroll(lp)
