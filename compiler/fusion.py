@@ -16,7 +16,9 @@ Rules (by op category):
 - pooling takes an elementwise epilogue; opaque ops stand alone; scalar constants are copied into
   every group that reads them.
 
-Group kinds: ``pointwise`` (including pooling windows), ``reduction``, ``contraction``, ``opaque``.
+Group kinds: ``pointwise`` (including pooling windows), ``reduction``, ``contraction``, ``conv_pool`` (a
+conv2d and its epilogue with the pooling window that reads it: edge ``pool_prologue``, off by default),
+``opaque``.
 """
 
 from __future__ import annotations
@@ -183,6 +185,8 @@ def _edge_rule(p: Node, c: Node) -> str | None:
         return "multi_reduce"
     if pc in ("contract", "pool") and cc == "ew":
         return f"{pc}_epilogue"
+    if p.op == "conv2d" and cc == "pool":  # off by default: a searched decision (kind conv_pool)
+        return "pool_prologue"
     return None
 
 
@@ -347,11 +351,17 @@ def group_problem(nodes: list[Node]) -> str | None:
     contracts = [n for n in nodes if cats[id(n)] == "contract"]
     pools = [n for n in nodes if cats[id(n)] == "pool"]
     reduces = [n for n in nodes if cats[id(n)] == "reduce"]
-    if len(contracts) + len(pools) > 1:
+    inside = {id(n) for n in nodes}
+    # a conv2d whose (epilogue's) output one pooling window reads: the ``conv_pool`` kind
+    conv_pool = (
+        len(contracts) == len(pools) == 1
+        and contracts[0].op == "conv2d"
+        and pools[0] in _downstream(contracts, nodes, inside)
+    )
+    if len(contracts) + len(pools) > 1 and not conv_pool:
         return "a group holds at most one contraction or pooling op"
     if (contracts or pools) and reduces:
         return "a contraction or pooling group cannot hold a reduction"
-    inside = {id(n) for n in nodes}
     if reduces:
         first = reduces[0]
         shape, axes = first.inputs[0].shape, first.attrs["axes"]
@@ -374,9 +384,13 @@ def group_problem(nodes: list[Node]) -> str | None:
                     "only layout ops fuse before it"
                 )
     if anchor is not None:
+        after_pool = {id(n) for n in _downstream(pools, nodes, inside)} if conv_pool else set()
         for n in _downstream([anchor], nodes, inside):
-            if get_op(n.op).kind == PatternKind.Injective or n.output.shape != anchor.output.shape:
-                return f"epilogue {n.name} ({n.op}) of {anchor.op} is not elementwise on its output"
+            if conv_pool and n is pools[0]:
+                continue
+            base = pools[0] if id(n) in after_pool else anchor
+            if get_op(n.op).kind == PatternKind.Injective or n.output.shape != base.output.shape:
+                return f"epilogue {n.name} ({n.op}) of {base.op} is not elementwise on its output"
     return None
 
 
@@ -525,7 +539,7 @@ def _build_groups(
         elif anchor is not None and id(anchor) in attention_anchors:
             kind = "attention"
         elif anchor is not None and category(anchor) == "contract":
-            kind = "contraction"
+            kind = "conv_pool" if any(category(n) == "pool" for n in members) else "contraction"
         elif reduces:
             kind, anchor = "reduction", reduces[0]
         else:

@@ -12,6 +12,7 @@ from compiler.backends.cpu.executor import CpuCompiledModel
 from compiler.backends.cpu.sketches.attention import CpuAttentionSketch
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
 from compiler.backends.cpu.sketches.conv import CpuConvSketch
+from compiler.backends.cpu.sketches.conv_pool import CpuConvPoolSketch
 from compiler.backends.cpu.sketches.generic import CpuGenericSketch
 from compiler.backends.cpu.sketches.pointwise import CpuPointwiseSketch
 from compiler.backends.cpu.sketches.reduction import CpuReductionSketch
@@ -34,6 +35,7 @@ class CpuBackend(Backend):
         CpuReductionSketch,
         CpuAttentionSketch,
         CpuConvSketch,
+        CpuConvPoolSketch,
         CpuContractionSketch,
         CpuGenericSketch,
     )
