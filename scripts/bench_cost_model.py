@@ -1299,7 +1299,7 @@ COLD_FREE_KNOBS = {
 DEV_CANDIDATES = "synth:bias_relu@cold,synth:silu_mul@cold,synth:tanh_rows@cold"
 COLD_METHODS = "tpe,tpe+analytic,tpe+gbdt,tpe+gbdt-inline,tpe+gbdt-trust"
 COLD_VARIANTS = ("tpe+gbdt", "tpe+gbdt-inline", "tpe+gbdt-trust")
-# tpe+gbdt-trust (i18-cold2, committed ~16:55 UTC before any search of a reported workload of either set under
+# tpe+gbdt-trust (i18-cold2, committed 16:48 UTC before any search of a reported workload of either set under
 # this cache): the development sweep (10 seeds, synth:bias_relu, synth:silu_mul, synth:tanh_rows @cold and
 # attention:g2, synth:matmul_768 @mk; scripts kept out of the repo) tied every variant with TPE + analytic at
 # the 5% and 2% goals (the prior's first batch holds a config within 2% on all five), so the variant was
