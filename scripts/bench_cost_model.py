@@ -389,6 +389,13 @@ class MeasureCache:
             self._measurer.close()
 
 
+def subspace_table(cache: MeasureCache, task: Task) -> dict[str, Any]:
+    """The cache's records of ``task``'s sub-space only (the cache also holds the workload's records of
+    other sub-spaces and pools: its best is not the goal of a search of this sub-space)."""
+    table = cache.table(task)
+    return {k: table[k] for k in (config_json(c) for c in valid_configs(task)) if k in table}
+
+
 def _med(r: Any) -> float:
     return statistics.median(r.latencies_us) if r.latencies_us else math.inf
 
@@ -750,7 +757,7 @@ def report(args: argparse.Namespace) -> None:
     size: dict[str, int] = {}
     for spec in specs:
         task = get_task(spec, target, sub=True)
-        table = cache.table(task)
+        table = subspace_table(cache, task)
         lats = [r.median_us for r in table.values() if r.median_us is not None]
         best[spec], size[spec] = min(lats), len(table)
         d = table.get(config_json(task.default()))
@@ -1138,8 +1145,13 @@ def overhead(args: argparse.Namespace) -> None:
                 )
                 flt, asks = None, 1
                 if method in FILTERS:
+                    model: Any = FILTERS[method]
+                    if method in METHOD_GBDT:  # a variant of the GBDT (its options, as in `run`)
+                        from cost_model.gbdt import GBDTModel
+
+                        model = GBDTModel(seed=0, **METHOD_GBDT[method])
                     flt, asks = make_candidate_filter(
-                        FILTERS[method],
+                        model,
                         db,
                         target,
                         seed=0,
@@ -1649,7 +1661,7 @@ def _cold_dev_table(run_dir: Path, args: argparse.Namespace) -> None:
     print("| workload | goal | " + " | ".join(LABEL[m] for m in methods) + " |")
     print("|---|---|" + "---:|" * len(methods))
     for spec in dict.fromkeys(r["workload"] for r in runs):
-        table = cache.table(get_task(spec, target, sub=True))
+        table = subspace_table(cache, get_task(spec, target, sub=True))
         best = min(r.median_us for r in table.values() if r.median_us is not None)
         for goal in (1.05, 1.02, 1.01):
             cells = []
@@ -1675,7 +1687,7 @@ def _cold_secondary(run_dir: Path, specs: list[str], args: argparse.Namespace) -
     budget = runs[0]["meta"]["protocol"]["trials"]
     tt: dict[tuple[str, str], np.ndarray] = {}
     for spec in specs:
-        table = cache.table(get_task(spec, target, sub=True))
+        table = subspace_table(cache, get_task(spec, target, sub=True))
         best = min(r.median_us for r in table.values() if r.median_us is not None)
         for r in runs:
             if r["workload"] == spec:
