@@ -1798,7 +1798,11 @@ def run_all(args: argparse.Namespace) -> None:
             "Overhead with the database storage `kiln tune` uses",
             overhead,
             argparse.Namespace(
-                **{**vars(args), "workloads": args.overhead, "methods": "tpe,tpe+gbdt,tpe+gbdt-warm"}
+                **{
+                    **vars(args),
+                    "workloads": args.overhead,
+                    "methods": "tpe,tpe+gbdt,tpe+gbdt-warm,tpe+gbdt-trust",
+                }
             ),
         ),
     ):
