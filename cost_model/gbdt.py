@@ -30,6 +30,10 @@ search refit in the background), on at most ``max_train`` samples (per-workload 
 While the model holds at most ``inline_below`` samples, ``update(..., fit=False)`` fits in line anyway
 (a fit on that little data takes milliseconds): a cold search then ranks its second round with what its
 first round measured, instead of one round later.
+With ``prior_trust=N`` (default 0, off) the prior's weight is learned per workload from its measurements
+(:func:`prior_trust`: the Spearman correlation of the prior with the measured speed, shrunk towards full
+trust by ``N`` pseudo-samples), in the boosting's initial scores and in the score alike, so a workload whose
+measurements contradict the prior is ranked by what was learned instead of being pulled back to the prior.
 
 The fitted trees are copied out of LightGBM / scikit-learn into plain arrays (:class:`Forest`) and
 predictions always come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly
