@@ -1734,13 +1734,18 @@ table. Methods: TPE alone (`--cost-model none`), Optuna random, and TPE with the
 pool of 8 candidates per measured one (Optuna's asks plus the filter's own proposals, see
 docs/cost_model.md) by the analytic prior, by random scores (a control for the pool itself), by the GBDT
 starting cold, and by the GBDT warm-started from the cache's other records (minus the workload's twins and
-the held-out workloads). Every method gets the same sketch check before measurement (invalid configs are
+the held-out workloads), plus the two cold variants of benchmarks/cost_model_cold.md (fitted in line; with
+the prior's trust learned per workload), which are not `kiln tune`'s default. Every method gets the same
+sketch check before measurement (invalid configs are
 never measured and never counted) and tells failures to TPE as infeasible trials. The rule-based default is
 *not* measured first (`--no-default`: the enqueued default is told `FAIL`, which every sampler ignores), so
 the table compares the searches; with the default first, a workload whose default is within 5% of the
 best needs 1 trial for every method (column default/best). Runs are stored per protocol (budget, batch,
 pool, epsilon, code hashes); a report reads one protocol directory and refuses files of another, so runs of
 different lengths are never mixed. Every result file holds its arguments, the git commit and the code hashes.
+Result files already present under the same protocol are reused, not rerun (this version: the runs of the
+cold methods were made by `run` with this protocol while the held-out pools were still being measured;
+the warm runs, which read the other workloads' records, only after every table and pool was measured).
 
 Workloads (their selection): benchmark workloads **{bench}**: the previous version's six, kept so the
 versions can be compared (encoder_layer:g0, in the version before, was dropped then for lack of measuring
