@@ -30,6 +30,10 @@ search refit in the background), on at most ``max_train`` samples (per-workload 
 While the model holds at most ``inline_below`` samples, ``update(..., fit=False)`` fits in line anyway
 (a fit on that little data takes milliseconds): a cold search then ranks its second round with what its
 first round measured, instead of one round later.
+With ``prior_trust=N`` (default 0, off) the prior's weight is learned per workload from its measurements
+(:func:`prior_trust`: the Spearman correlation of the prior with the measured speed, shrunk towards full
+trust by ``N`` pseudo-samples), in the boosting's initial scores and in the score alike, so a workload whose
+measurements contradict the prior is ranked by what was learned instead of being pulled back to the prior.
 
 The fitted trees are copied out of LightGBM / scikit-learn into plain arrays (:class:`Forest`) and
 predictions always come from those arrays, so a model saved to ``.npz`` and loaded back predicts exactly
@@ -234,6 +238,39 @@ def rank01(x: np.ndarray) -> np.ndarray:
     return order / (len(x) - 1)
 
 
+WORKLOAD_COLUMNS = np.asarray([i for i, n in enumerate(FEATURE_NAMES) if n.startswith("wl_")])
+
+
+def signatures(x: np.ndarray) -> list[bytes]:
+    """Each row's workload as the bytes of its ``wl_*`` features (equal for all candidates of a workload)."""
+    w = np.asarray(x, dtype=np.float64)[:, WORKLOAD_COLUMNS]
+    return [np.ascontiguousarray(row).tobytes() for row in w]
+
+
+def prior_trust(
+    x: np.ndarray, latencies: np.ndarray, workloads: np.ndarray, pseudo: float
+) -> dict[bytes, float]:
+    """How far the analytic prior is trusted on each workload, learned from its measurements: the Spearman
+    correlation between the prior's scores and the measured speed over the workload's successful samples
+    (negative counts as 0), shrunk towards full trust by ``pseudo`` pseudo-samples,
+    ``(n * max(rho, 0) + pseudo) / (n + pseudo)``. A workload whose measurements contradict the prior is
+    ranked by what was learned instead of by the prior; with few samples the prior keeps most weight."""
+    from scipy.stats import spearmanr
+
+    lat = np.asarray(latencies, dtype=np.float64)
+    wl = np.asarray(workloads)
+    sig = signatures(x)
+    out: dict[bytes, float] = {}
+    for w in np.unique(wl):
+        rows = np.flatnonzero(wl == w)
+        ok = rows[np.isfinite(lat[rows]) & (lat[rows] > 0)]
+        rho = 1.0
+        if len(ok) >= 4 and np.ptp(lat[ok]) > 0 and np.ptp(x[ok, EST_INDEX]) > 0:
+            rho = max(0.0, float(spearmanr(-x[ok, EST_INDEX], -lat[ok]).statistic))
+        out[sig[rows[0]]] = (len(ok) * rho + pseudo) / (len(ok) + pseudo)
+    return out
+
+
 class GBDTModel(CostModel):
     """Gradient boosting on per-workload normalized labels; see the module docstring."""
 
@@ -256,6 +293,7 @@ class GBDTModel(CostModel):
         center: bool = True,
         rank_objective: str = "lambdarank",
         inline_below: int = 0,
+        prior_trust: float = 0.0,
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -275,6 +313,10 @@ class GBDTModel(CostModel):
         self.center = center
         self.rank_objective = rank_objective
         self.inline_below = int(inline_below)
+        if prior_trust < 0:
+            raise ValueError(f"prior_trust must be >= 0, got {prior_trust}")
+        self.prior_trust = float(prior_trust)
+        self.trust: dict[bytes, float] = {}  # workload signature -> how far its prior is trusted
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.lat = np.zeros(0)
         self.wl: list[str] = []
@@ -390,7 +432,11 @@ class GBDTModel(CostModel):
         if len(rows) < 2 or np.ptp(y) == 0:
             return
         x = self.x[rows].astype(np.float64)
-        init = -self.prior_scale * x[:, EST_INDEX]
+        trust = np.ones(len(rows))
+        if self.prior_trust > 0:
+            self.trust = prior_trust(x, self.lat[rows], wl, self.prior_trust)
+            trust = np.asarray([self.trust[k] for k in signatures(x)])
+        init = -self.prior_scale * trust * x[:, EST_INDEX]
         if self.center:
             x = centered(x, wl)
         params = {
@@ -421,7 +467,9 @@ class GBDTModel(CostModel):
             return prior
         if self.target == "rank":  # the trees reorder the prior, trusted as same-kind data accumulates
             xt = centered(x, np.zeros(len(x))) if self.center else x  # the rows are one workload's pool
-            return self.prior_scale * prior + self.correction_weight(x) * self.forest.predict(xt)
+            trust = np.asarray([self.trust.get(k, 1.0) for k in signatures(x)])
+            learned = self.forest.predict(xt)
+            return self.prior_scale * trust * prior + self.correction_weight(x) * learned
         if self.target == "residual":  # the correction is trusted as same-kind data accumulates
             return prior - self.correction_weight(x) * self.forest.predict(x)
         raw = self.forest.predict(x)
@@ -452,6 +500,7 @@ class GBDTModel(CostModel):
             "center": self.center,
             "rank_objective": self.rank_objective,
             "inline_below": self.inline_below,
+            "prior_trust": self.prior_trust,
             "n_fit": self.n_fit,
             "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
@@ -468,6 +517,9 @@ class GBDTModel(CostModel):
         }
         if self.forest is not None:
             out.update(self.forest.arrays())
+        if self.trust:
+            out["trust_signatures"] = np.stack([np.frombuffer(k, dtype=np.float64) for k in self.trust])
+            out["trust_values"] = np.asarray(list(self.trust.values()))
         return out
 
     @classmethod
@@ -485,6 +537,7 @@ class GBDTModel(CostModel):
             center=bool(meta.get("center", False)),
             rank_objective=str(meta.get("rank_objective", "lambdarank")),
             inline_below=int(meta.get("inline_below", 0)),
+            prior_trust=float(meta.get("prior_trust", 0.0)),
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))
@@ -492,6 +545,9 @@ class GBDTModel(CostModel):
         model.lat = np.asarray(arrays["latencies"], dtype=np.float64)
         model.wl = [names[int(i)] for i in arrays["workload_codes"]]
         model.forest = Forest.from_arrays(arrays)
+        if "trust_signatures" in arrays:
+            sig = np.asarray(arrays["trust_signatures"], dtype=np.float64)
+            model.trust = {row.tobytes(): float(v) for row, v in zip(sig, arrays["trust_values"])}
         model.n_fit = int(meta.get("n_fit", 0))
         model.kind_counts = np.asarray(meta.get("kind_counts", [0.0] * len(KIND_COLUMNS)), dtype=np.float64)
         model.fits = int(meta.get("fits", 0))

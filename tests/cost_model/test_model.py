@@ -291,3 +291,27 @@ def test_retrain_from_database_with_cached_features(tmp_path):
     result = cross_validate(again, lambda: GBDTModel(seed=0), "gbdt")
     assert len(result.rows) == 3
     assert result.mean("spearman") > 0.5 and result.mean("top5") >= 0.9
+
+
+def test_prior_trust_is_learned_per_workload_from_its_measurements(tmp_path):
+    from cost_model.gbdt import WORKLOAD_COLUMNS, centered, signatures
+
+    x, lat, wl = synthetic(2, 48)
+    x[:48, WORKLOAD_COLUMNS], x[48:, WORKLOAD_COLUMNS] = 0.0, 1.0  # two workloads, one signature each
+    log_lat = np.log2(np.where(np.isfinite(lat), lat, 1.0))
+    x[:48, EST_INDEX] = log_lat[:48]  # workload 0: the prior is right
+    x[48:, EST_INDEX] = -log_lat[48:]  # workload 1: the prior has the order backwards
+    model = GBDTModel(seed=0, prior_trust=4.0)
+    train = np.r_[0:32, 48:80]
+    model.update(x[train], lat[train], [wl[i] for i in train])
+    right, wrong = (model.trust[signatures(x[i : i + 1])[0]] for i in (0, 48))
+    assert right > 0.95 and wrong == pytest.approx(4 / (4 + np.isfinite(lat[48:80]).sum()))
+    test = slice(80, 96)
+    assert spearman(model.predict(x[test]), lat[test]) > spearman(-x[test, EST_INDEX], lat[test]) + 0.5
+    same = load_model(model.save(tmp_path / "m.npz"))
+    np.testing.assert_array_equal(same.predict(x), model.predict(x))
+    unseen = x[:4].copy()
+    unseen[:, WORKLOAD_COLUMNS] = 2.0  # a workload with no measurements keeps the prior at full weight
+    learned = model.forest.predict(centered(unseen, np.zeros(4)))
+    expected = -unseen[:, EST_INDEX] + model.correction_weight(unseen) * learned
+    np.testing.assert_allclose(model.predict(unseen), expected)
