@@ -371,6 +371,17 @@ def _window(size_in: int, pos: Expr, lo: int, k: Expr, stride: int, dil: int) ->
 TWO_STAGE_PAD_BYTES = 1 << 20  # about the L2 cache of the machines measured (see _conv_pad)
 
 
+def two_stage_conv_pad(shape: Sequence[int], padding: Sequence[int], itemsize: int, depthwise: bool) -> bool:
+    """Whether :func:`_conv_pad` pads an input of ``shape`` [N, C, H, W] in two stages (rows, then
+    columns) rather than one (see there)."""
+    pt, pl, pb, pr = padding
+    n_, c_, h_, w_ = shape
+    hp, wp = h_ + pt + pb, w_ + pl + pr
+    two_stage_bytes = n_ * c_ * ((hp + 2) * w_ + hp * wp) * itemsize
+    too_big = two_stage_bytes > TWO_STAGE_PAD_BYTES and not depthwise
+    return not (max(pl, pr) > w_ or max(pt, pb) >= h_ or too_big)
+
+
 def _conv_pad(x: Tensor, padding: Sequence[int], name: str, depthwise: bool = False) -> list[Tensor]:
     """The zero-padded copy of a convolution's input [N, C, H, W], in two stages whose every load is in
     bounds, so both vectorize along the row (a single ``select(inside, x[y - pt, x - pl], 0)`` reads
@@ -390,9 +401,7 @@ def _conv_pad(x: Tensor, padding: Sequence[int], name: str, depthwise: bool = Fa
     n_, c_, h_, w_ = x.shape
     hp, wp = h_ + pt + pb, w_ + pl + pr
     zero = const(0, x.dtype)
-    two_stage_bytes = n_ * c_ * ((hp + 2) * w_ + hp * wp) * dtypes.info(x.dtype).itemsize
-    too_big = two_stage_bytes > TWO_STAGE_PAD_BYTES and not depthwise
-    if max(pl, pr) > w_ or max(pt, pb) >= h_ or too_big:
+    if not two_stage_conv_pad(x.shape, padding, dtypes.info(x.dtype).itemsize, depthwise):
 
         def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
             conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]

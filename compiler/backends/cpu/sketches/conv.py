@@ -38,18 +38,21 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from compiler import dtypes
 from compiler.backends import group_analysis as G
 from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, fuse_loops, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
+from compiler.graph import Node
 from compiler.layouts import TilePack
 from compiler.loopir.expr import Expr, Logical, const, free_vars, logical_and
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
+from compiler.te_ops import two_stage_conv_pad
 
 NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 784 pixels)
 # the default's price of a row tail stored lane by lane: a tile whose stores are all scalar counts as
@@ -101,7 +104,19 @@ def conv_geometry(group: Group) -> dict[str, int]:
         "sw": node.attrs["strides"][1],
         "groups": node.attrs["groups"],
         "padded": int(node.attrs["padding"] != (0, 0, 0, 0)),
+        "sh": node.attrs["strides"][0],
+        "dil": max(node.attrs["dilation"]),
+        "two_stage": int(_two_stage_pad(node)),
     }
+
+
+def _two_stage_pad(node: Node) -> bool:
+    """Whether the convolution's zero-padded input copy has te_ops' rows stage (two-stage pad)."""
+    if node.attrs["padding"] == (0, 0, 0, 0):
+        return False
+    x, groups, o = node.inputs[0], node.attrs["groups"], node.output.shape[1]
+    depthwise = groups > 1 and groups == o == x.shape[1]
+    return two_stage_conv_pad(x.shape, node.attrs["padding"], dtypes.info(x.dtype).itemsize, depthwise)
 
 
 class _ConvGemm(CpuContractionSketch):
@@ -159,9 +174,11 @@ class CpuConvSketch(Sketch):
         only its own channels, so it can pad them itself."""
         return bool(geo["padded"]) and geo["cg"] == 1 and geo["groups"] == geo["o"] == geo["c"]
 
-    @staticmethod
-    def _nr_values(geo: dict[str, int]) -> tuple[int, ...]:
-        return tuple(v for v in NR_X if v < 2 * max(4, geo["ow"]))
+    @classmethod
+    def _nr_values(cls, geo: dict[str, int]) -> tuple[int, ...]:
+        """Row tile widths: NR_X up to twice the row, and the flat tiles' runs of 1, 2, 4 whole rows."""
+        flat = {ry * geo["ow"] for ry in (1, 2, 4) if ry <= geo["oh"]} if cls._flat_rows(geo) else set()
+        return tuple(sorted({v for v in NR_X if v < 2 * max(4, geo["ow"])} | flat))
 
     def space(self, group: Group, target: Target) -> list[Knob]:
         method = self.method(group, target)
@@ -172,7 +189,7 @@ class CpuConvSketch(Sketch):
         vectors = tuple(v for v in (1, 4, 8, 16) if v <= target.vector_lanes_f32)
         return [
             head,
-            Knob("oc_tile", tuple(v for v in (1, 2, 4, 6, 8, 12) if v <= max(1, geo["o"])), "channels"),
+            Knob("oc_tile", tuple(v for v in (1, 2, 3, 4, 6, 8, 12) if v <= max(1, geo["o"])), "channels"),
             Knob("ry", tuple(v for v in (1, 2, 4) if v <= geo["oh"]), "output rows per register tile"),
             Knob("nr_x", self._nr_values(geo), "output pixels of one row per register tile"),
             Knob("vector_x", vectors, "SIMD lanes along the output row"),
@@ -185,11 +202,22 @@ class CpuConvSketch(Sketch):
             ),
             Knob(
                 "row_tail",
-                ("pad", "overlap"),
+                ("pad", "overlap", "flat") if self._flat_rows(geo) else ("pad", "overlap"),
                 "a row that nr_x does not divide: whole tiles over the padded input copy, the tail stores "
-                "guarded (pad), or the last tile shifted back to end at the row's end (overlap)",
+                "guarded (pad), the last tile shifted back to end at the row's end (overlap), or (flat) "
+                "tiles of ry whole rows read as one run of ry x OW pixels, vectors crossing the rows' ends "
+                "(the column padding as zero-masked loads from the rows-padded copy)",
             ),
         ]
+
+    @staticmethod
+    def _flat_rows(geo: dict[str, int]) -> bool:
+        """Whether tiles of whole rows can run as one run of pixels (``row_tail`` flat): stride 1, no
+        dilation, the output row as wide as the input row (the column padding KW - 1 in all) and the rows
+        padded by te_ops' rows stage (two-stage pad), whose rows are as wide as the output's."""
+        return bool(geo["two_stage"]) and geo["sw"] == 1 and geo["sh"] == 1 and geo["dil"] == 1 and (
+            geo["ow"] == geo["w"] and geo["kw"] > 1
+        )
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
         if config["method"] == "gemm":
@@ -199,10 +227,20 @@ class CpuConvSketch(Sketch):
         v, nr = config["vector_x"], config["nr_x"]
         if nr % v:
             raise ScheduleError(f"conv: vector_x {v} does not divide nr_x {nr}")
-        regs = config["oc_tile"] * config["ry"] * (nr // v)
+        flat = config["row_tail"] == "flat"
+        regs = config["oc_tile"] * (1 if flat else config["ry"]) * (nr // v)
         if v > 1 and regs > registers(target) - 2:
             raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
-        if config["row_tail"] == "overlap":
+        if flat:
+            if nr != config["ry"] * geo["ow"] or geo["oh"] % config["ry"]:
+                raise ScheduleError(
+                    f"conv: row_tail flat runs tiles of ry whole rows: nr_x {nr} must be ry "
+                    f"{config['ry']} x the output row {geo['ow']}, and ry must divide the {geo['oh']} rows"
+                )
+            if config["pad_at"] != "once":
+                raise ScheduleError("conv: row_tail flat reads the rows-padded copy of the whole input "
+                                    "(pad_at once)")
+        elif config["row_tail"] == "overlap":
             if overlap_step(geo["ow"], nr) is None:
                 raise ScheduleError(
                     f"conv: row_tail overlap needs at least two row tiles of nr_x {nr} to cover the "
@@ -331,10 +369,12 @@ class CpuConvSketch(Sketch):
         red = loops[4:]
         o_o, o_i = sch.split(o, [None, oc])
         y_o, y_i = sch.split(y, [None, ry])
+        outer = [n, o_o, y_o]
+        if config["row_tail"] == "flat":
+            return self._direct_flat(sch, group, config, target, (mm, epi), (n, o_o, y_o, o_i, y_i, x), red)
         step = overlap_step(geo["ow"], nr) if config["row_tail"] == "overlap" else None
         x_o, x_i = sch.split(x, [overlap_tiles(geo["ow"], nr, step), nr])
         sch.reorder(n, o_o, y_o, x_o, *red, o_i, y_i, x_i)
-        outer = [n, o_o, y_o]
         sch.reverse_compute_at(epi, x_o)
         init = sch.decompose_reduction(mm, red[0])
         for small in red[1:]:
@@ -366,10 +406,59 @@ class CpuConvSketch(Sketch):
                 sch.parallel(fused)
         return sch
 
+    def _direct_flat(
+        self,
+        sch: Schedule,
+        group: Group,
+        config: Config,
+        target: Target,
+        stages: tuple[Block, Block],
+        loops: tuple[For, ...],
+        red: list[For],
+    ) -> Schedule:
+        """``row_tail`` flat: the register tile is ry whole output rows read as one run of ry x OW
+        pixels (y_i and x fused), so its vectors cross the rows' ends and every lane is used (28-pixel
+        rows: 4 rows = 7 whole vectors of 16 instead of 2 vectors per row with 4 lanes idle). The
+        columns stage of the padded copy is inlined: the convolution reads the rows-padded copy (as wide
+        as the output row; its extra zero rows keep the reads one pixel before a row's start and after its
+        end inside the buffer) under the column condition, which the vectorizer turns into loads with a
+        constant lane mask (the tile starts at a row's start, so each vector's lanes sit at known
+        columns)."""
+        mm, epi = stages
+        n, o_o, y_o, o_i, y_i, x = loops
+        oc, v = config["oc_tile"], config["vector_x"]
+        cols = next(b for b in sch.blocks() if b.name.endswith("_pad") and not b.name.endswith("_rows_pad"))
+        sch.compute_inline(cols)
+        sch.reorder(n, o_o, y_o, *red, o_i, y_i, x)
+        sch.fuse(y_i, x)
+        sch.reverse_compute_at(epi, y_o)
+        if config["ry"] > 1:  # the epilogue's rows and columns under y_o (a single row has no row loop)
+            sch.fuse(*sch.get_loops(epi)[-2:])
+        init = sch.decompose_reduction(mm, red[0])
+        if red[-1].extent <= 7:  # the column taps (their masks constants); the row taps stay a loop
+            sch.unroll(red[-1])
+        for b in (mm, init):  # a channel tile that does not divide O: whole tiles over a grown weight
+            o_loop = sch.get_loops(b)[-2]
+            if b.predicate is not None and o_loop.var in free_vars(b.predicate):
+                with contextlib.suppress(ScheduleError):
+                    sch.pad(b, o_loop)
+        weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
+        sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+        for b in (mm, init, epi):
+            self._vector_tile(sch, b, v, y_o, vectors_outer=False)
+        self._schedule_pad(sch, config, target)
+        if config["parallel_x"] == "outer":
+            fused = fuse_loops(sch, [n, o_o, y_o])
+            if fused is not None and fused.extent > 1:
+                sch.parallel(fused)
+        return sch
+
     @staticmethod
-    def _vector_tile(sch: Schedule, block: Block, v: int, x_o: For) -> None:
+    def _vector_tile(sch: Schedule, block: Block, v: int, x_o: For, vectors_outer: bool = False) -> None:
         """The block's register-tile loops (o_i, y_i, x_i under the row-tile loop ``x_o``, reduction loops
-        excepted): x split into vectors, the rest unrolled, so the accumulator stays in registers."""
+        excepted): x split into vectors, the rest unrolled, so the accumulator stays in registers;
+        ``vectors_outer``: the loop over the row's vectors outside the channels (each input vector, a
+        masked load that cannot be an FMA's memory operand, is used by its channels' FMAs at once)."""
         loops = sch.get_loops(block)
         below = loops[[lp.var for lp in loops].index(x_o.var) + 1 :]
         tile = [lp for lp in below if lp.kind == "serial" and not G.drives_reduce(block, lp)]
@@ -380,6 +469,8 @@ class CpuConvSketch(Sketch):
         if v > 1:
             sch.vectorize(lanes)
         sch.unroll(xv)
+        if vectors_outer and len(tile) > 1:
+            sch.reorder(xv, *tile[:-1])
         for lp in tile[:-1]:
             sch.unroll(lp)
 
