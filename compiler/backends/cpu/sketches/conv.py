@@ -59,6 +59,11 @@ NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 
 # 1 + SCALAR_TAIL_COST times its FMA work (MobileNetV2's depthwise 3x3, 28-pixel rows, AVX-512, 1 thread:
 # 2 x 16 lanes with the last 12 stored lane by lane 55 us, 16-lane tiles overlapped by 4 pixels 36 us)
 SCALAR_TAIL_COST = 1.0
+# vector registers a flat tile (row_tail flat) leaves free of accumulators: its masked FMAs keep the
+# input as the memory operand and the tile's channel weights in registers (ResNet 3x3 64->64 at 28x28,
+# AVX-512, 1 thread: oc 4 x 7 vectors = 28 accumulators spilled, 456 us; oc 3 x 7 = 21, 210 us; the
+# overlapped rows' default oc 4 x 4 rows x 16 px 244 us)
+FLAT_FREE_REGISTERS = 8
 # input bytes a direct tile may re-read from L2 per vector FMA at full speed (see CpuConvSketch._reread)
 REREAD_BYTES_PER_FMA = 8.0
 
@@ -135,7 +140,7 @@ class CpuConvSketch(Sketch):
     with pre-packed weights (see the module docstring)."""
 
     name = "conv"
-    version = 2
+    version = 3
     kinds = ("contraction",)
 
     def __init__(self) -> None:
@@ -278,7 +283,7 @@ class CpuConvSketch(Sketch):
         rows = (1, 2) if self._channel_local_pad(geo) else (1, 2, 4)
         best, best_key = None, (False, False, -1.0, -(10**9))
         for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
-            for nr in self._nr_values(geo):
+            for nr in (x for x in NR_X if x < 2 * max(4, ow)):
                 if nr % v or nr // v > 7:
                     continue
                 tail = "pad" if ow % nr == 0 or overlap_step(ow, nr) is None else "overlap"
@@ -306,6 +311,21 @@ class CpuConvSketch(Sketch):
                     key = (whole, clean, rate, size)
                     if key > best_key:
                         best, best_key = (oc, ry, nr, v, tail), key
+        lanes = target.vector_lanes_f32
+        if self._flat_rows(geo) and ow % lanes and not self._channel_local_pad(geo) and lanes > 1:
+            # rows ending in a part vector: tiles of whole rows as one run of pixels (every lane used),
+            # at most FLAT_ACCUMULATORS_FREE registers short of the budget
+            for ry, oc in itertools.product((1, 2, 4), (1, 2, 3, 4, 6, 8, 12)):
+                nr, nv = ry * ow, ry * ow // lanes
+                if nr % lanes or nv > 7 or geo["oh"] % ry or oc * nv > registers(target) - FLAT_FREE_REGISTERS:
+                    continue
+                if oc > max(1, geo["o"]):
+                    continue
+                used = geo["o"] / (-(-geo["o"] // oc) * oc)
+                rate = self._fmas_per_load(geo, oc, 1, nv) * lanes * used * self._reread(geo, target, oc, lanes)
+                key = (True, True, rate, oc * nv)
+                if key > best_key:
+                    best, best_key = (oc, ry, nr, lanes, "flat"), key
         oc, ry, nr, v, tail = best or (1, 1, min(self._nr_values(geo)), 1, "pad")
         parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
         pad_at = "channel_tile" if self._channel_local_pad(geo) else "once"
@@ -435,8 +455,9 @@ class CpuConvSketch(Sketch):
         if config["ry"] > 1:  # the epilogue's rows and columns under y_o (a single row has no row loop)
             sch.fuse(*sch.get_loops(epi)[-2:])
         init = sch.decompose_reduction(mm, red[0])
-        if red[-1].extent <= 7:  # the column taps (their masks constants); the row taps stay a loop
-            sch.unroll(red[-1])
+        for small in red[1:]:
+            if small.extent <= 7:
+                sch.unroll(small)
         for b in (mm, init):  # a channel tile that does not divide O: whole tiles over a grown weight
             o_loop = sch.get_loops(b)[-2]
             if b.predicate is not None and o_loop.var in free_vars(b.predicate):
