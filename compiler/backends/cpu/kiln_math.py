@@ -131,7 +131,8 @@ static inline kiln_f32x{W} kiln_maskz_load_f32x{W}(const float* p, uint32_t m) {
 }}
 /* c + a * b in the lanes whose bit of m is set, c in the others (m a constant lane mask): a merge-masked
    FMA where the ISA has one (a stays an FMA's memory operand, no register for a masked load) */
-static inline kiln_f32x{W} kiln_fma_mask_f32x{W}(kiln_f32x{W} c, kiln_f32x{W} a, kiln_f32x{W} b, uint32_t m) {{
+static inline kiln_f32x{W} kiln_fma_mask_f32x{W}(kiln_f32x{W} c, kiln_f32x{W} a, kiln_f32x{W} b,
+                                                 uint32_t m) {{
 {fmamaskbody}
 }}
 """

@@ -220,8 +220,12 @@ class CpuConvSketch(Sketch):
         """Whether tiles of whole rows can run as one run of pixels (``row_tail`` flat): stride 1, no
         dilation, the output row as wide as the input row (the column padding KW - 1 in all) and the rows
         padded by te_ops' rows stage (two-stage pad), whose rows are as wide as the output's."""
-        return bool(geo["two_stage"]) and geo["sw"] == 1 and geo["sh"] == 1 and geo["dil"] == 1 and (
-            geo["ow"] == geo["w"] and geo["kw"] > 1
+        return (
+            bool(geo["two_stage"])
+            and geo["sw"] == 1
+            and geo["sh"] == 1
+            and geo["dil"] == 1
+            and (geo["ow"] == geo["w"] and geo["kw"] > 1)
         )
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
@@ -243,8 +247,9 @@ class CpuConvSketch(Sketch):
                     f"{config['ry']} x the output row {geo['ow']}, and ry must divide the {geo['oh']} rows"
                 )
             if config["pad_at"] != "once":
-                raise ScheduleError("conv: row_tail flat reads the rows-padded copy of the whole input "
-                                    "(pad_at once)")
+                raise ScheduleError(
+                    "conv: row_tail flat reads the rows-padded copy of the whole input (pad_at once)"
+                )
         elif config["row_tail"] == "overlap":
             if overlap_step(geo["ow"], nr) is None:
                 raise ScheduleError(
@@ -317,12 +322,12 @@ class CpuConvSketch(Sketch):
             # at most FLAT_ACCUMULATORS_FREE registers short of the budget
             for ry, oc in itertools.product((1, 2, 4), (1, 2, 3, 4, 6, 8, 12)):
                 nr, nv = ry * ow, ry * ow // lanes
-                if nr % lanes or nv > 7 or geo["oh"] % ry or oc * nv > registers(target) - FLAT_FREE_REGISTERS:
+                if nr % lanes or nv > 7 or geo["oh"] % ry or oc > max(1, geo["o"]):
                     continue
-                if oc > max(1, geo["o"]):
+                if oc * nv > registers(target) - FLAT_FREE_REGISTERS:
                     continue
-                used = geo["o"] / (-(-geo["o"] // oc) * oc)
-                rate = self._fmas_per_load(geo, oc, 1, nv) * lanes * used * self._reread(geo, target, oc, lanes)
+                used = geo["o"] / (-(-geo["o"] // oc) * oc) * self._reread(geo, target, oc, lanes)
+                rate = self._fmas_per_load(geo, oc, 1, nv) * lanes * used
                 key = (True, True, rate, oc * nv)
                 if key > best_key:
                     best, best_key = (oc, ry, nr, lanes, "flat"), key
