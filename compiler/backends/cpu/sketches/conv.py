@@ -20,7 +20,10 @@ convolutions, deep windows whose rows fit the vectors, and 1x1 convolutions whos
   output width not a multiple of NR; ``row_tail``) runs whole vectors over the zero-padded input copy
   grown to cover them (``Schedule.pad``; only the epilogue's stores are guarded, a part vector lane by
   lane), or as overlapped tiles: tile t starts at t x step, the last one ending at the row's end, so every
-  load and store is a whole vector and the overlapped pixels are written twice with the same value. The
+  load and store is a whole vector and the overlapped pixels are written twice with the same value, or
+  (``flat``, "same" stride-1 convolutions) as tiles of ry whole rows read as one run of ry x OW pixels,
+  vectors crossing the rows' ends, the column padding a constant lane mask per vector (merge-masked FMAs
+  reading the rows-padded copy; see :meth:`CpuConvSketch._direct_flat`): every lane used. The
   padded copy's two stages (rows, then columns: ``te_ops._conv_pad``) run in vectors of the target's
   lanes, once for the whole input or, for a depthwise convolution (``pad_at`` channel_tile), under the
   channel-tile loop into buffers of a few KiB (no per-call heap copy of the whole input).
