@@ -55,7 +55,7 @@ from compiler.loopir.schedule import Schedule
 from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
-from compiler.te_ops import two_stage_conv_pad
+from compiler.te_ops import same_conv_rows, two_stage_conv_pad
 
 NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 784 pixels)
 # the default's price of a row tail stored lane by lane: a tile whose stores are all scalar counts as
@@ -124,7 +124,8 @@ def _two_stage_pad(node: Node) -> bool:
         return False
     x, groups, o = node.inputs[0], node.attrs["groups"], node.output.shape[1]
     depthwise = groups > 1 and groups == o == x.shape[1]
-    return two_stage_conv_pad(x.shape, node.attrs["padding"], dtypes.info(x.dtype).itemsize, depthwise)
+    same = same_conv_rows(x.shape, node.inputs[1].shape, node.attrs)
+    return two_stage_conv_pad(x.shape, node.attrs["padding"], dtypes.info(x.dtype).itemsize, depthwise, same)
 
 
 class _ConvGemm(CpuContractionSketch):
