@@ -450,9 +450,11 @@ class CpuConvSketch(Sketch):
         rows: 4 rows = 7 whole vectors of 16 instead of 2 vectors per row with 4 lanes idle). The
         columns stage of the padded copy is inlined: the convolution reads the rows-padded copy (as wide
         as the output row; its extra zero rows keep the reads one pixel before a row's start and after its
-        end inside the buffer) under the column condition, which the vectorizer turns into loads with a
-        constant lane mask (the tile starts at a row's start, so each vector's lanes sit at known
-        columns)."""
+        end inside the buffer) under the column condition, which the vectorizer turns into a constant
+        lane mask per vector (the tile starts at a row's start, so each vector's lanes sit at known
+        columns) and the printer into merge-masked FMAs whose input stays a memory operand. The
+        channel-major order of the unrolled tile (each weight broadcast once for its row of vectors)
+        matters: vectors-major held every channel's weight in registers and spilled."""
         mm, epi = stages
         n, o_o, y_o, o_i, y_i, x = loops
         oc, v = config["oc_tile"], config["vector_x"]
@@ -475,7 +477,7 @@ class CpuConvSketch(Sketch):
         weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
         sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
         for b in (mm, init, epi):
-            self._vector_tile(sch, b, v, y_o, vectors_outer=False)
+            self._vector_tile(sch, b, v, y_o)
         self._schedule_pad(sch, config, target)
         if config["parallel_x"] == "outer":
             fused = fuse_loops(sch, [n, o_o, y_o])
@@ -484,11 +486,9 @@ class CpuConvSketch(Sketch):
         return sch
 
     @staticmethod
-    def _vector_tile(sch: Schedule, block: Block, v: int, x_o: For, vectors_outer: bool = False) -> None:
+    def _vector_tile(sch: Schedule, block: Block, v: int, x_o: For) -> None:
         """The block's register-tile loops (o_i, y_i, x_i under the row-tile loop ``x_o``, reduction loops
-        excepted): x split into vectors, the rest unrolled, so the accumulator stays in registers;
-        ``vectors_outer``: the loop over the row's vectors outside the channels (each input vector, a
-        masked load that cannot be an FMA's memory operand, is used by its channels' FMAs at once)."""
+        excepted): x split into vectors, the rest unrolled, so the accumulator stays in registers."""
         loops = sch.get_loops(block)
         below = loops[[lp.var for lp in loops].index(x_o.var) + 1 :]
         tile = [lp for lp in below if lp.kind == "serial" and not G.drives_reduce(block, lp)]
@@ -499,8 +499,6 @@ class CpuConvSketch(Sketch):
         if v > 1:
             sch.vectorize(lanes)
         sch.unroll(xv)
-        if vectors_outer and len(tile) > 1:
-            sch.reorder(xv, *tile[:-1])
         for lp in tile[:-1]:
             sch.unroll(lp)
 
