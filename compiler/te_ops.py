@@ -371,7 +371,24 @@ def _window(size_in: int, pos: Expr, lo: int, k: Expr, stride: int, dil: int) ->
 TWO_STAGE_PAD_BYTES = 1 << 20  # about the L2 cache of the machines measured (see _conv_pad)
 
 
-def _conv_pad(x: Tensor, padding: Sequence[int], name: str, depthwise: bool = False) -> list[Tensor]:
+def two_stage_conv_pad(
+    shape: Sequence[int], padding: Sequence[int], itemsize: int, depthwise: bool, same_rows: bool = False
+) -> bool:
+    """Whether :func:`_conv_pad` pads an input of ``shape`` [N, C, H, W] in two stages (rows, then
+    columns) rather than one (see there). ``same_rows``: a stride-1 convolution whose output rows are as
+    wide as its input's, which the CPU conv sketch can run on the rows stage alone (``row_tail`` flat: the
+    columns stage inlined), so the size limit does not apply to it."""
+    pt, pl, pb, pr = padding
+    n_, c_, h_, w_ = shape
+    hp, wp = h_ + pt + pb, w_ + pl + pr
+    two_stage_bytes = n_ * c_ * ((hp + 2) * w_ + hp * wp) * itemsize
+    too_big = two_stage_bytes > TWO_STAGE_PAD_BYTES and not depthwise and not same_rows
+    return not (max(pl, pr) > w_ or max(pt, pb) >= h_ or too_big)
+
+
+def _conv_pad(
+    x: Tensor, padding: Sequence[int], name: str, depthwise: bool = False, same_rows: bool = False
+) -> list[Tensor]:
     """The zero-padded copy of a convolution's input [N, C, H, W], in two stages whose every load is in
     bounds, so both vectorize along the row (a single ``select(inside, x[y - pt, x - pl], 0)`` reads
     before the first and after the last element at its corners, and stays scalar):
@@ -390,9 +407,7 @@ def _conv_pad(x: Tensor, padding: Sequence[int], name: str, depthwise: bool = Fa
     n_, c_, h_, w_ = x.shape
     hp, wp = h_ + pt + pb, w_ + pl + pr
     zero = const(0, x.dtype)
-    two_stage_bytes = n_ * c_ * ((hp + 2) * w_ + hp * wp) * dtypes.info(x.dtype).itemsize
-    too_big = two_stage_bytes > TWO_STAGE_PAD_BYTES and not depthwise
-    if max(pl, pr) > w_ or max(pt, pb) >= h_ or too_big:
+    if not two_stage_conv_pad(x.shape, padding, dtypes.info(x.dtype).itemsize, depthwise, same_rows):
 
         def pad(n: Expr, c: Expr, yy: Expr, xx: Expr) -> Expr:
             conds = [yy.ge(pt), yy.lt(pt + h_), xx.ge(pl), xx.lt(pl + w_)]
@@ -412,6 +427,14 @@ def _conv_pad(x: Tensor, padding: Sequence[int], name: str, depthwise: bool = Fa
     return [rows, compute((n_, c_, hp, wp), cols_pad, f"{name}_pad")]
 
 
+def same_conv_rows(x_shape: Sequence[int], w_shape: Sequence[int], attrs: dict) -> bool:
+    """A stride-1, undilated convolution whose output rows are as wide as its input's (column padding
+    KW - 1 in all, KW > 1): its padded copy's rows stage holds every row it reads, at the output's width."""
+    _pt, pl, _pb, pr = attrs["padding"]
+    kw = w_shape[3]
+    return attrs["strides"][1] == 1 and tuple(attrs["dilation"]) == (1, 1) and kw > 1 and pl + pr == kw - 1
+
+
 @register_compute("conv2d")
 def _conv2d(ins, attrs, out, name):
     x, w = ins
@@ -426,7 +449,13 @@ def _conv2d(ins, attrs, out, name):
     if attrs["padding"] != (0, 0, 0, 0):
         # an explicit zero-padded copy (the "<name>_pad" stage): the CPU conv and contraction sketches keep
         # it, so the convolution's inner loop reads with plain affine indices; other schedules inline it
-        stages = _conv_pad(x, attrs["padding"], name, depthwise=g > 1 and g == o == x.shape[1])
+        stages = _conv_pad(
+            x,
+            attrs["padding"],
+            name,
+            depthwise=g > 1 and g == o == x.shape[1],
+            same_rows=same_conv_rows(x.shape, w.shape, attrs),
+        )
         src = stages[-1]
         top = left = 0
 

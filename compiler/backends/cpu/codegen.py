@@ -389,6 +389,9 @@ class CPrinter(CStylePrinter):
         if isinstance(e, MakeVector):
             return self.stride2_load(e, vt) or f"(kiln_{vt}){{{', '.join(self.expr(x) for x in e.elems)}}}"
         if isinstance(e, Binary):
+            fma = self.masked_fma(e, vt)
+            if fma is not None:
+                return fma
             if e.op in _INFIX:
                 op = {"//": "/"}.get(e.op, e.op)  # the vectorizer proved both sides non-negative
                 return f"({self.operand(e.a)} {op} {self.operand(e.b)})"
@@ -401,7 +404,13 @@ class CPrinter(CStylePrinter):
             assert e.b is not None
             return f"({self.expr(e.a)} {'&' if e.op == 'and' else '|'} {self.expr(e.b)})"
         if isinstance(e, Select):
+            masked = self.maskz_load(e, vt)
+            if masked is not None:
+                return masked
             t, f = self.expr(e.t), self.expr(e.f)
+            if isinstance(e.cond, MakeVector):  # a constant lane mask (the vectorizer's)
+                lanes = ", ".join("-1" if x.value else "0" for x in e.cond.elems)  # type: ignore[attr-defined]
+                return f"kiln_sel_{vt}((kiln_i32x{w}){{{lanes}}}, {t}, {f})"
             if lanes_of(e.cond.dtype) == 1:
                 return f"({self.top(e.cond)} ? {t} : {f})"
             return f"kiln_sel_{vt}({self.expr(e.cond)}, {t}, {f})"
@@ -410,6 +419,39 @@ class CPrinter(CStylePrinter):
         if isinstance(e, Call):
             return self.vector_call(e, vt, w)
         raise CompileError(f"cannot generate C for the vector expression {type(e).__name__}")
+
+    def masked_fma(self, e: Binary, vt: str) -> str | None:
+        """``c + select(mask, a, 0) * b`` with a constant lane mask (the vectorizer's: a convolution tile's
+        column padding) as a merge-masked FMA, so ``a`` (a load) stays the FMA's memory operand; None for
+        any other expression."""
+        if e.op != "+" or not vt.startswith("f32"):
+            return None
+        for c, prod in ((e.a, e.b), (e.b, e.a)):
+            if not (isinstance(prod, Binary) and prod.op == "*"):
+                continue
+            for sel, b in ((prod.a, prod.b), (prod.b, prod.a)):
+                if not (isinstance(sel, Select) and isinstance(sel.cond, MakeVector)):
+                    continue
+                if not (isinstance(sel.f, Broadcast) and _is(sel.f.value, 0)):
+                    continue
+                bits = sum(1 << k for k, x in enumerate(sel.cond.elems) if x.value)  # type: ignore[attr-defined]
+                args = f"{self.expr(c)}, {self.expr(sel.t)}, {self.expr(b)}, {bits}u"
+                return f"kiln_fma_mask_{vt}({args})"
+        return None
+
+    def maskz_load(self, e: Select, vt: str) -> str | None:
+        """A select on a constant lane mask between a contiguous load and zero, as a zero-masking load
+        (``kiln_maskz_load``); None for any other select."""
+        t, f = e.t, e.f
+        if not (isinstance(e.cond, MakeVector) and vt.startswith("f32")):
+            return None
+        if not (isinstance(t, Load) and t.lanes > 1 and t.buffer not in self.promoted):
+            return None
+        if not (isinstance(f, Broadcast) and _is(f.value, 0)):
+            return None
+        bits = sum(1 << k for k, x in enumerate(e.cond.elems) if x.value)  # type: ignore[attr-defined]
+        flat = self.flat_index(t.buffer, t.indices)
+        return f"kiln_maskz_load_{vt}(&{self.buf_name(t.buffer)}[{self.top(flat)}], {bits}u)"
 
     def stride2_load(self, e: MakeVector, vt: str) -> str | None:
         """A gather of the elements ``p[0], p[2], .., p[2W-2]`` of one buffer (a stride-2 pooling tap) as two

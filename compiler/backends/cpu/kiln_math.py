@@ -124,6 +124,17 @@ static inline kiln_f32x{W} kiln_pow_f32x{W}(kiln_f32x{W} x, kiln_f32x{W} y) {{
   return r;
 }}
 static inline kiln_i32x{W} kiln_iota_i32x{W}(void) {{ return (kiln_i32x{W}){{{iota}}}; }}
+/* the W floats at p with the lanes whose bit of m is clear set to zero (m a constant lane mask; every lane
+   of p[0..W-1] is readable): a zero-masking load where the ISA has one */
+static inline kiln_f32x{W} kiln_maskz_load_f32x{W}(const float* p, uint32_t m) {{
+{maskzbody}
+}}
+/* c + a * b in the lanes whose bit of m is set, c in the others (m a constant lane mask): a merge-masked
+   FMA where the ISA has one (a stays an FMA's memory operand, no register for a masked load) */
+static inline kiln_f32x{W} kiln_fma_mask_f32x{W}(kiln_f32x{W} c, kiln_f32x{W} a, kiln_f32x{W} b,
+                                                 uint32_t m) {{
+{fmamaskbody}
+}}
 """
 
 # Templates of the math functions. VF/VU: float / uint32 type; SFX: name suffix; SEL(mask, a, b);
@@ -300,6 +311,51 @@ _STREAM_BUILTIN = {
 }
 
 
+_MASKZ_PORTABLE = """\
+  kiln_i32x{W} b = -((kiln_splat_i32x{W}((int32_t)m) >> kiln_iota_i32x{W}()) & 1);
+  return kiln_sel_f32x{W}(b, kiln_load_f32x{W}(p), kiln_splat_f32x{W}(0.0f));
+"""
+_MASKZ_BUILTIN = {
+    16: (("__AVX512F__", "__builtin_ia32_loadups512_mask(p, kiln_splat_f32x16(0.0f), (unsigned short)m)"),),
+    8: (
+        ("__AVX512VL__", "__builtin_ia32_loadups256_mask(p, kiln_splat_f32x8(0.0f), (unsigned char)m)"),
+        (
+            "__AVX__",
+            "__builtin_ia32_maskloadps256((const kiln_f32x8*)p, "
+            "-((kiln_splat_i32x8((int32_t)m) >> kiln_iota_i32x8()) & 1))",
+        ),
+    ),
+    4: (("__AVX512VL__", "__builtin_ia32_loadups128_mask(p, kiln_splat_f32x4(0.0f), (unsigned char)m)"),),
+}
+
+
+def _maskz_body(width: int) -> str:
+    """``kiln_maskz_load``: AVX-512's zero-masking load (``vmovups {z}``), AVX's ``vmaskmovps``, else a
+    whole load and a select with the constant mask."""
+    out = ""
+    for k, (macro, call) in enumerate(_MASKZ_BUILTIN.get(width, ())):
+        out += f"#{'el' if k else ''}if defined({macro})\n  return {call};\n"
+    portable = _MASKZ_PORTABLE.format(W=width)
+    return f"{out}#else\n{portable}#endif" if out else portable.rstrip("\n")
+
+
+_FMA_MASK_PORTABLE = """\
+  kiln_i32x{W} k = -((kiln_splat_i32x{W}((int32_t)m) >> kiln_iota_i32x{W}()) & 1);
+  return c + kiln_sel_f32x{W}(k, a, kiln_splat_f32x{W}(0.0f)) * b;
+"""
+_FMA_MASK_BUILTIN = {
+    16: ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask3(a, b, c, (unsigned short)m, 4)"),
+    8: ("__AVX512VL__", "__builtin_ia32_vfmaddps256_mask3(a, b, c, (unsigned char)m)"),
+    4: ("__AVX512VL__", "__builtin_ia32_vfmaddps128_mask3(a, b, c, (unsigned char)m)"),
+}
+
+
+def _fma_mask_body(width: int) -> str:
+    """``kiln_fma_mask``: AVX-512's merge-masked FMA, else a select and an FMA."""
+    macro, call = _FMA_MASK_BUILTIN[width]
+    return f"#if defined({macro})\n  return {call};\n#else\n{_FMA_MASK_PORTABLE.format(W=width)}#endif"
+
+
 def _stream_body(width: int) -> str:
     macro, builtin = _STREAM_BUILTIN[width]
     return (
@@ -398,6 +454,8 @@ class Prelude:
                     maxbody=_minmax_body("max", w),
                     minbody=_minmax_body("min", w),
                     streambody=_stream_body(w),
+                    maskzbody=_maskz_body(w),
+                    fmamaskbody=_fma_mask_body(w),
                 )
             )
         for name in MATH_FUNCS:  # dependency order: exp first

@@ -8,7 +8,10 @@ For every load and store the coefficient of ``v`` in the flat index decides the 
 (:class:`~compiler.loopir.expr.Broadcast`), anything else -> a gather built lane by lane
 (:class:`~compiler.loopir.expr.MakeVector`); ``v`` itself is ``Ramp(0, 1, W)``. A body guarded by
 ``if (cond)`` with ``cond`` a conjunction of comparisons linear in ``v`` (a split tail) becomes
-``if (cond at the first lane && cond at the last lane) vector code else the scalar loop``.
+``if (cond at the first lane && cond at the last lane) vector code else the scalar loop``. A select whose
+lane-varying condition is a constant at every lane (the lanes' positions known once the loops around are
+unrolled: a convolution tile's columns) becomes a select on a constant mask, which the printer writes as a
+zero-masking load when its value is a load and the other side zero.
 
 Anything else stays a scalar ``vectorized`` loop, which the printer writes with ``#pragma GCC ivdep``
 (always correct): non-contiguous or loop-invariant stores, loads in a Select branch that may be out of
@@ -288,9 +291,29 @@ class _VectorBody:
                 if int_div and not (isinstance(x.b, Const) and x.b.value != 0):  # type: ignore[union-attr]
                     raise NoVector("integer division in a select branch")
         t, f = self.vec(e.t, e.dtype), self.vec(e.f, e.dtype)
+        lanes = self.constant_lanes(e.cond)
+        if lanes is not None:  # a constant lane mask (e.g. a tile's columns at known lanes)
+            if all(lanes):
+                return t
+            if not any(lanes):
+                return f
+            return Select(MakeVector(tuple(const(b, "bool") for b in lanes)), t, f, vt)
         if lanes_of(self.x(e.cond).dtype) == 1:
             return Select(e.cond, t, f, vt)
         return Select(self.mask(e.cond), t, f, vt)
+
+    def constant_lanes(self, cond: Expr) -> list[bool] | None:
+        """The value of a lane-varying ``cond`` at each lane when every one simplifies to a constant (the
+        lane's position is known: the loops around are unrolled), else None."""
+        if not self.varying(cond):
+            return None
+        out = []
+        for k in range(self.w):
+            c = simp.simplify(substitute(cond, {self.v: const(k, self.v.dtype)}), self.ranges)
+            if not isinstance(c, Const):
+                return None
+            out.append(bool(c.value))
+        return out
 
     def _in_bounds(self, x: Load) -> bool:
         r = simp.bound(self.flat(x.buffer, x.indices), self.ranges)

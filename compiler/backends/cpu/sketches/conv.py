@@ -20,7 +20,10 @@ convolutions, deep windows whose rows fit the vectors, and 1x1 convolutions whos
   output width not a multiple of NR; ``row_tail``) runs whole vectors over the zero-padded input copy
   grown to cover them (``Schedule.pad``; only the epilogue's stores are guarded, a part vector lane by
   lane), or as overlapped tiles: tile t starts at t x step, the last one ending at the row's end, so every
-  load and store is a whole vector and the overlapped pixels are written twice with the same value. The
+  load and store is a whole vector and the overlapped pixels are written twice with the same value, or
+  (``flat``, "same" stride-1 convolutions) as tiles of ry whole rows read as one run of ry x OW pixels,
+  vectors crossing the rows' ends, the column padding a constant lane mask per vector (merge-masked FMAs
+  reading the rows-padded copy; see :meth:`CpuConvSketch._direct_flat`): every lane used. The
   padded copy's two stages (rows, then columns: ``te_ops._conv_pad``) run in vectors of the target's
   lanes, once for the whole input or, for a depthwise convolution (``pad_at`` channel_tile), under the
   channel-tile loop into buffers of a few KiB (no per-call heap copy of the whole input).
@@ -38,24 +41,32 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from compiler import dtypes
 from compiler.backends import group_analysis as G
 from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
 from compiler.backends.cpu.sketches.contraction import CpuContractionSketch
 from compiler.backends.sketch import Config, Knob, Sketch, contraction_stages, fuse_loops, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
+from compiler.graph import Node
 from compiler.layouts import TilePack
 from compiler.loopir.expr import Expr, Logical, const, free_vars, logical_and
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import Block, For
 from compiler.target import Target
+from compiler.te_ops import same_conv_rows, two_stage_conv_pad
 
 NR_X = (4, 8, 16, 32, 48, 56, 64, 112)  # 56, 112: 7 vectors (rows of 28 x 28 = 784 pixels)
 # the default's price of a row tail stored lane by lane: a tile whose stores are all scalar counts as
 # 1 + SCALAR_TAIL_COST times its FMA work (MobileNetV2's depthwise 3x3, 28-pixel rows, AVX-512, 1 thread:
 # 2 x 16 lanes with the last 12 stored lane by lane 55 us, 16-lane tiles overlapped by 4 pixels 36 us)
 SCALAR_TAIL_COST = 1.0
+# vector registers a flat tile (row_tail flat) leaves free of accumulators: its masked FMAs keep the
+# input as the memory operand and the tile's channel weights in registers (ResNet 3x3 64->64 at 28x28,
+# AVX-512, 1 thread: oc 4 x 7 vectors = 28 accumulators spilled, 456 us; oc 3 x 7 = 21, 210 us; the
+# overlapped rows' default oc 4 x 4 rows x 16 px 244 us)
+FLAT_FREE_REGISTERS = 8
 # input bytes a direct tile may re-read from L2 per vector FMA at full speed (see CpuConvSketch._reread)
 REREAD_BYTES_PER_FMA = 8.0
 
@@ -101,7 +112,20 @@ def conv_geometry(group: Group) -> dict[str, int]:
         "sw": node.attrs["strides"][1],
         "groups": node.attrs["groups"],
         "padded": int(node.attrs["padding"] != (0, 0, 0, 0)),
+        "sh": node.attrs["strides"][0],
+        "dil": max(node.attrs["dilation"]),
+        "two_stage": int(_two_stage_pad(node)),
     }
+
+
+def _two_stage_pad(node: Node) -> bool:
+    """Whether the convolution's zero-padded input copy has te_ops' rows stage (two-stage pad)."""
+    if node.attrs["padding"] == (0, 0, 0, 0):
+        return False
+    x, groups, o = node.inputs[0], node.attrs["groups"], node.output.shape[1]
+    depthwise = groups > 1 and groups == o == x.shape[1]
+    same = same_conv_rows(x.shape, node.inputs[1].shape, node.attrs)
+    return two_stage_conv_pad(x.shape, node.attrs["padding"], dtypes.info(x.dtype).itemsize, depthwise, same)
 
 
 class _ConvGemm(CpuContractionSketch):
@@ -120,7 +144,7 @@ class CpuConvSketch(Sketch):
     with pre-packed weights (see the module docstring)."""
 
     name = "conv"
-    version = 2
+    version = 3
     kinds = ("contraction",)
 
     def __init__(self) -> None:
@@ -159,9 +183,11 @@ class CpuConvSketch(Sketch):
         only its own channels, so it can pad them itself."""
         return bool(geo["padded"]) and geo["cg"] == 1 and geo["groups"] == geo["o"] == geo["c"]
 
-    @staticmethod
-    def _nr_values(geo: dict[str, int]) -> tuple[int, ...]:
-        return tuple(v for v in NR_X if v < 2 * max(4, geo["ow"]))
+    @classmethod
+    def _nr_values(cls, geo: dict[str, int]) -> tuple[int, ...]:
+        """Row tile widths: NR_X up to twice the row, and the flat tiles' runs of 1, 2, 4 whole rows."""
+        flat = {ry * geo["ow"] for ry in (1, 2, 4) if ry <= geo["oh"]} if cls._flat_rows(geo) else set()
+        return tuple(sorted({v for v in NR_X if v < 2 * max(4, geo["ow"])} | flat))
 
     def space(self, group: Group, target: Target) -> list[Knob]:
         method = self.method(group, target)
@@ -172,7 +198,7 @@ class CpuConvSketch(Sketch):
         vectors = tuple(v for v in (1, 4, 8, 16) if v <= target.vector_lanes_f32)
         return [
             head,
-            Knob("oc_tile", tuple(v for v in (1, 2, 4, 6, 8, 12) if v <= max(1, geo["o"])), "channels"),
+            Knob("oc_tile", tuple(v for v in (1, 2, 3, 4, 6, 8, 12) if v <= max(1, geo["o"])), "channels"),
             Knob("ry", tuple(v for v in (1, 2, 4) if v <= geo["oh"]), "output rows per register tile"),
             Knob("nr_x", self._nr_values(geo), "output pixels of one row per register tile"),
             Knob("vector_x", vectors, "SIMD lanes along the output row"),
@@ -185,11 +211,26 @@ class CpuConvSketch(Sketch):
             ),
             Knob(
                 "row_tail",
-                ("pad", "overlap"),
+                ("pad", "overlap", "flat") if self._flat_rows(geo) else ("pad", "overlap"),
                 "a row that nr_x does not divide: whole tiles over the padded input copy, the tail stores "
-                "guarded (pad), or the last tile shifted back to end at the row's end (overlap)",
+                "guarded (pad), the last tile shifted back to end at the row's end (overlap), or (flat) "
+                "tiles of ry whole rows read as one run of ry x OW pixels, vectors crossing the rows' ends "
+                "(the column padding as zero-masked loads from the rows-padded copy)",
             ),
         ]
+
+    @staticmethod
+    def _flat_rows(geo: dict[str, int]) -> bool:
+        """Whether tiles of whole rows can run as one run of pixels (``row_tail`` flat): stride 1, no
+        dilation, the output row as wide as the input row (the column padding KW - 1 in all) and the rows
+        padded by te_ops' rows stage (two-stage pad), whose rows are as wide as the output's."""
+        return (
+            bool(geo["two_stage"])
+            and geo["sw"] == 1
+            and geo["sh"] == 1
+            and geo["dil"] == 1
+            and (geo["ow"] == geo["w"] and geo["kw"] > 1)
+        )
 
     def check_combination(self, group: Group, config: Config, target: Target) -> None:
         if config["method"] == "gemm":
@@ -199,10 +240,21 @@ class CpuConvSketch(Sketch):
         v, nr = config["vector_x"], config["nr_x"]
         if nr % v:
             raise ScheduleError(f"conv: vector_x {v} does not divide nr_x {nr}")
-        regs = config["oc_tile"] * config["ry"] * (nr // v)
+        flat = config["row_tail"] == "flat"
+        regs = config["oc_tile"] * (1 if flat else config["ry"]) * (nr // v)
         if v > 1 and regs > registers(target) - 2:
             raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
-        if config["row_tail"] == "overlap":
+        if flat:
+            if nr != config["ry"] * geo["ow"] or geo["oh"] % config["ry"]:
+                raise ScheduleError(
+                    f"conv: row_tail flat runs tiles of ry whole rows: nr_x {nr} must be ry "
+                    f"{config['ry']} x the output row {geo['ow']}, and ry must divide the {geo['oh']} rows"
+                )
+            if config["pad_at"] != "once":
+                raise ScheduleError(
+                    "conv: row_tail flat reads the rows-padded copy of the whole input (pad_at once)"
+                )
+        elif config["row_tail"] == "overlap":
             if overlap_step(geo["ow"], nr) is None:
                 raise ScheduleError(
                     f"conv: row_tail overlap needs at least two row tiles of nr_x {nr} to cover the "
@@ -240,7 +292,7 @@ class CpuConvSketch(Sketch):
         rows = (1, 2) if self._channel_local_pad(geo) else (1, 2, 4)
         best, best_key = None, (False, False, -1.0, -(10**9))
         for v in (x for x in (1, 4, 8, 16) if x <= target.vector_lanes_f32):
-            for nr in self._nr_values(geo):
+            for nr in (x for x in NR_X if x < 2 * max(4, ow)):
                 if nr % v or nr // v > 7:
                     continue
                 tail = "pad" if ow % nr == 0 or overlap_step(ow, nr) is None else "overlap"
@@ -268,6 +320,21 @@ class CpuConvSketch(Sketch):
                     key = (whole, clean, rate, size)
                     if key > best_key:
                         best, best_key = (oc, ry, nr, v, tail), key
+        lanes = target.vector_lanes_f32
+        if self._flat_rows(geo) and ow % lanes and not self._channel_local_pad(geo) and lanes > 1:
+            # rows ending in a part vector: tiles of whole rows as one run of pixels (every lane used),
+            # at most FLAT_ACCUMULATORS_FREE registers short of the budget
+            for ry, oc in itertools.product((1, 2, 4), (1, 2, 3, 4, 6, 8, 12)):
+                nr, nv = ry * ow, ry * ow // lanes
+                if nr % lanes or nv > 7 or geo["oh"] % ry or oc > max(1, geo["o"]):
+                    continue
+                if oc * nv > registers(target) - FLAT_FREE_REGISTERS:
+                    continue
+                used = geo["o"] / (-(-geo["o"] // oc) * oc) * self._reread(geo, target, oc, lanes)
+                rate = self._fmas_per_load(geo, oc, 1, nv) * lanes * used
+                key = (True, True, rate, oc * nv)
+                if key > best_key:
+                    best, best_key = (oc, ry, nr, lanes, "flat"), key
         oc, ry, nr, v, tail = best or (1, 1, min(self._nr_values(geo)), 1, "pad")
         parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
         pad_at = "channel_tile" if self._channel_local_pad(geo) else "once"
@@ -331,10 +398,12 @@ class CpuConvSketch(Sketch):
         red = loops[4:]
         o_o, o_i = sch.split(o, [None, oc])
         y_o, y_i = sch.split(y, [None, ry])
+        outer = [n, o_o, y_o]
+        if config["row_tail"] == "flat":
+            return self._direct_flat(sch, group, config, target, (mm, epi), (n, o_o, y_o, o_i, y_i, x), red)
         step = overlap_step(geo["ow"], nr) if config["row_tail"] == "overlap" else None
         x_o, x_i = sch.split(x, [overlap_tiles(geo["ow"], nr, step), nr])
         sch.reorder(n, o_o, y_o, x_o, *red, o_i, y_i, x_i)
-        outer = [n, o_o, y_o]
         sch.reverse_compute_at(epi, x_o)
         init = sch.decompose_reduction(mm, red[0])
         for small in red[1:]:
@@ -362,6 +431,56 @@ class CpuConvSketch(Sketch):
             self._schedule_pad(sch, config, target)
         if config["parallel_x"] == "outer":
             fused = fuse_loops(sch, outer)
+            if fused is not None and fused.extent > 1:
+                sch.parallel(fused)
+        return sch
+
+    def _direct_flat(
+        self,
+        sch: Schedule,
+        group: Group,
+        config: Config,
+        target: Target,
+        stages: tuple[Block, Block],
+        loops: tuple[For, ...],
+        red: list[For],
+    ) -> Schedule:
+        """``row_tail`` flat: the register tile is ry whole output rows read as one run of ry x OW
+        pixels (y_i and x fused), so its vectors cross the rows' ends and every lane is used (28-pixel
+        rows: 4 rows = 7 whole vectors of 16 instead of 2 vectors per row with 4 lanes idle). The
+        columns stage of the padded copy is inlined: the convolution reads the rows-padded copy (as wide
+        as the output row; its extra zero rows keep the reads one pixel before a row's start and after its
+        end inside the buffer) under the column condition, which the vectorizer turns into a constant
+        lane mask per vector (the tile starts at a row's start, so each vector's lanes sit at known
+        columns) and the printer into merge-masked FMAs whose input stays a memory operand. The
+        channel-major order of the unrolled tile (each weight broadcast once for its row of vectors)
+        matters: vectors-major held every channel's weight in registers and spilled."""
+        mm, epi = stages
+        n, o_o, y_o, o_i, y_i, x = loops
+        oc, v = config["oc_tile"], config["vector_x"]
+        cols = next(b for b in sch.blocks() if b.name.endswith("_pad") and not b.name.endswith("_rows_pad"))
+        sch.compute_inline(cols)
+        sch.reorder(n, o_o, y_o, *red, o_i, y_i, x)
+        sch.fuse(y_i, x)
+        sch.reverse_compute_at(epi, y_o)
+        if config["ry"] > 1:  # the epilogue's rows and columns under y_o (a single row has no row loop)
+            sch.fuse(*sch.get_loops(epi)[-2:])
+        init = sch.decompose_reduction(mm, red[0])
+        for small in red[1:]:
+            if small.extent <= 7:
+                sch.unroll(small)
+        for b in (mm, init):  # a channel tile that does not divide O: whole tiles over a grown weight
+            o_loop = sch.get_loops(b)[-2]
+            if b.predicate is not None and o_loop.var in free_vars(b.predicate):
+                with contextlib.suppress(ScheduleError):
+                    sch.pad(b, o_loop)
+        weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
+        sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+        for b in (mm, init, epi):
+            self._vector_tile(sch, b, v, y_o)
+        self._schedule_pad(sch, config, target)
+        if config["parallel_x"] == "outer":
+            fused = fuse_loops(sch, [n, o_o, y_o])
             if fused is not None and fused.extent > 1:
                 sch.parallel(fused)
         return sch

@@ -5,13 +5,20 @@ its defaults pass their own check on AVX-512 and AVX2 targets."""
 from __future__ import annotations
 
 import os
+import platform
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.backends.cpu.sketches.conv import CpuConvSketch, overlap_step
+from compiler.backends.cpu.sketches.conv import (
+    FLAT_FREE_REGISTERS,
+    CpuConvSketch,
+    conv_geometry,
+    overlap_step,
+)
+from compiler.build import compile as compile_model
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
 from compiler.fusion import Group, fuse
@@ -233,7 +240,8 @@ def test_an_oversized_direct_tile_is_rejected_with_its_size():
 @pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
 def test_both_padded_copies_compute_the_reference(two_stage_bytes, target, monkeypatch):
     """te_ops._conv_pad: one select over the input (large copies) or rows then columns (vectorized); a
-    depthwise convolution's copy is made per channel tile, always in two stages."""
+    depthwise convolution's copy is made per channel tile, always in two stages, and so is a stride-1
+    convolution with output rows as wide as its input's (flat tiles read its rows stage alone)."""
     monkeypatch.setattr("compiler.te_ops.TWO_STAGE_PAD_BYTES", two_stage_bytes)
     for shape in [(3, 8, 5, 19, 3, 1, 1, 1), (1, 1, 6, 17, 3, 1, 1, 6), (6, 4, 7, 9, 3, 2, 1, 1)]:
         c, o, h, w, k, s, pad, groups = shape
@@ -242,7 +250,8 @@ def test_both_padded_copies_compute_the_reference(two_stage_bytes, target, monke
         for pad_at in ("once", "channel_tile") if groups > 1 else (default.get("pad_at"),):
             config = default if pad_at is None else {**default, "pad_at": pad_at}
             pads = [b.name for b in SKETCH.build(group, config, target).blocks() if b.name.endswith("_pad")]
-            assert len(pads) == (1 if two_stage_bytes == 0 and groups == 1 else 2), pads
+            one_stage = two_stage_bytes == 0 and groups == 1 and s > 1
+            assert len(pads) == (1 if one_stage else 2), pads
             assert_computes(group, config, target)
 
 
@@ -278,3 +287,84 @@ def test_overlapped_row_tiles_cover_the_row_with_equal_shifts():
         assert_computes(group, {**base, "nr_x": nr, "row_tail": "overlap"}, AVX512)
     with pytest.raises(ScheduleError, match="row_tail overlap"):  # one tile of 16 covers the row
         SKETCH.check(group, {**base, "nr_x": 16, "row_tail": "overlap"}, AVX512)
+
+
+@SETTINGS
+@given(
+    c=st.integers(1, 4),
+    o=st.sampled_from([1, 3, 5, 8]),
+    h=st.integers(2, 8),
+    w=st.integers(3, 14),
+    k=st.sampled_from([3, 5]),
+    groups=st.sampled_from([1, 2]),
+    epilogue=st.sampled_from(["relu", "relu6", "residual"]),
+    avx2=st.booleans(),
+    data=st.data(),
+)
+def test_every_legal_flat_config_computes_the_reference(c, o, h, w, k, groups, epilogue, avx2, data):
+    """``row_tail`` flat (tiles of whole rows as one run of pixels, the column padding read as a lane
+    condition from the rows-padded copy) with every other knob drawn: 'same' convolutions, grouped too."""
+    group = conv_group(conv_net(c, o, max(h, k // 2 + 1), max(w, k // 2 + 1), k, 1, k // 2, groups, epilogue))
+    target = AVX2 if avx2 else AVX512
+    space = {kn.name: kn.values for kn in SKETCH.space(group, target)}
+    if "flat" not in space.get("row_tail", ()):
+        return  # the GEMM view (deep windows whose rows end in a part vector)
+    config = {name: data.draw(st.sampled_from(values), label=name) for name, values in space.items()}
+    config["row_tail"] = "flat"
+    config["pad_at"] = "once"
+    config["nr_x"] = config["ry"] * conv_geometry(group)["ow"]
+    try:
+        SKETCH.check(group, config, target)
+    except ScheduleError:
+        return  # rejected up front: allowed
+    assert_computes(group, config, target)
+
+
+def test_flat_tiles_are_the_default_for_rows_ending_in_a_part_vector():
+    """ResNet's 3x3 64->64 at 28x28 with AVX-512: 28-pixel rows end in a part vector, so the default tile
+    runs whole rows as one run of pixels, its accumulators leaving FLAT_FREE_REGISTERS registers; rows of
+    whole vectors (32 pixels) keep row tiles; AVX2 keeps the GEMM view for that deep window."""
+    resnet = conv_group(conv_net(64, 64, 28, 28, 3, 1, 1, 1, "relu"))
+    config = SKETCH.default(resnet, AVX512)
+    assert config["row_tail"] == "flat" and config["nr_x"] == config["ry"] * 28
+    assert config["oc_tile"] * config["nr_x"] // config["vector_x"] <= 32 - FLAT_FREE_REGISTERS
+    assert SKETCH.default(resnet, AVX2)["method"] == "gemm"
+    whole = conv_group(conv_net(16, 32, 16, 32, 3, 1, 1, 1, "relu"))
+    assert SKETCH.default(whole, AVX512)["row_tail"] != "flat"
+    unpadded = conv_group(conv_net(2, 8, 10, 10, 3, 1, 0, 1, "relu"))
+    assert "flat" not in next(k.values for k in SKETCH.space(unpadded, AVX512) if k.name == "row_tail")
+
+
+@pytest.mark.parametrize("isa", [None, "avx2"])
+@pytest.mark.parametrize(
+    ("c", "o", "h", "w", "k", "oc", "ry"),
+    [(3, 5, 8, 12, 3, 3, 4), (2, 4, 4, 8, 5, 2, 2), (4, 6, 8, 28, 3, 2, 4)],
+)
+def test_flat_tiles_compile_to_masked_code_that_computes_the_reference(isa, c, o, h, w, k, oc, ry):
+    """The C of flat tiles on the host (native, and narrowed to AVX2): each vector's column padding is a
+    constant lane mask, written as merge-masked FMAs / zero-masking loads (or their portable forms)."""
+    with open("/proc/cpuinfo") as f:
+        target = Target.from_cpuinfo(f.read(), platform.machine(), 1, isa)
+    lanes = target.vector_lanes_f32
+
+    def fits(r: int) -> bool:
+        return h % r == 0 and (r * w) % lanes == 0 and oc * (r * w // lanes) <= target.vector_registers - 2
+
+    if lanes < 4 or not fits(ry):
+        ry = next((r for r in (4, 2, 1) if fits(r)), None)
+        if ry is None:
+            pytest.skip(f"no flat tile of whole {w}-pixel rows in vectors of {lanes} lanes")
+    graph = conv_net(c, o, h, w, k, 1, k // 2, 1, "relu")
+    config = {
+        "method": "direct", "oc_tile": oc, "ry": ry, "nr_x": ry * w, "vector_x": lanes,
+        "parallel_x": "none", "pad_at": "once", "row_tail": "flat",
+    }  # fmt: skip
+    SKETCH.check(conv_group(graph), config, target)
+    model = compile_model(
+        graph, target, configs=lambda g, _t: ("conv", config, "test") if SKETCH.applies(g) else None
+    )
+    assert "kiln_fma_mask_f32x" in model.source
+    x = {"x": np.random.default_rng(2).standard_normal((1, c, h, w)).astype(np.float32)}
+    (out,) = model.run(x)
+    (ref,) = run_reference(graph, x)
+    assert np.abs(out - ref).max() <= 2e-5 * max(1.0, float(np.abs(ref).max()))

@@ -8,12 +8,24 @@ import dataclasses
 import numpy as np
 import pytest
 
-from compiler.backends.cpu.codegen import prepare
+from compiler.backends.cpu.codegen import generate_c, prepare
 from compiler.backends.cpu.vectorize import vectorize_loops
 from compiler.loopir import evaluate
-from compiler.loopir.expr import Broadcast, Load, MakeVector, Ramp, Var, call, cast, const, walk
+from compiler.loopir.expr import (
+    Broadcast,
+    Load,
+    MakeVector,
+    Ramp,
+    Select,
+    Var,
+    call,
+    cast,
+    const,
+    select,
+    walk,
+)
 from compiler.loopir.interp import InterpError
-from compiler.loopir.stmt import Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, walk_stmts
+from compiler.loopir.stmt import Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq, walk_stmts
 from compiler.target import Target
 from tests.compiler.backends.cpu.util import run
 
@@ -107,3 +119,36 @@ def test_vectorized_kernels_match_numpy(make):
     want = evaluate(f, ins)  # the scalar loop IR in the interpreter
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _column_masks() -> PrimFunc:
+    """A flat convolution tile's column padding: the lanes of ``(16 + j) % 12`` known at every lane, so the
+    selects have constant lane masks: z = c + select(col >= 1, x[j + 1], 0) * w (a masked FMA),
+    y = select(col < 11, x[j], 0) (a zero-masking load), u = select(col < 12, x[j], 0) (every lane)."""
+    x, c, w = Buffer("x", (17,), F32), Buffer("c", (16,), F32), Buffer("w", (1,), F32)
+    z, y, u = Buffer("z", (16,), F32), Buffer("y", (16,), F32), Buffer("u", (16,), F32)
+    j = Var("j")
+    col = (j + 16) % 12
+    zero, weight = const(0.0, F32), Load(w, (const(0),))
+    stores = [
+        BufferStore(z, (j,), Load(c, (j,)) + select(col.ge(1), Load(x, (j + 1,)), zero) * weight),
+        BufferStore(y, (j,), select(col.lt(11), Load(x, (j,)), zero)),
+        BufferStore(u, (j,), select(col.lt(12), Load(x, (j,)), zero)),
+    ]
+    return PrimFunc("masks", [x, c, w, z, y, u], For(j, 16, seq(*stores), "vectorized"), 3)
+
+
+def test_selects_on_constant_lane_masks_are_masked_fmas_and_loads():
+    f = _column_masks()
+    body = vectorize_loops(f.body)
+    stores = [x for x in walk_stmts(body) if isinstance(x, BufferStore)]
+    assert [s.value.dtype for s in stores] == ["float32x16"] * 3  # vector code, no scalar fallback
+    masks = [e for s in stores for e in walk(s.value) if isinstance(e, Select)]
+    assert len(masks) == 2 and all(isinstance(m.cond, MakeVector) for m in masks)  # u's select is gone
+    assert [bool(b.value) for b in masks[0].cond.elems] == [(k + 16) % 12 >= 1 for k in range(16)]
+    src = generate_c([f], dataclasses.replace(Target.host(), vector_bytes=64))
+    assert "kiln_fma_mask_f32x16(" in src and "kiln_maskz_load_f32x16(" in src
+    rng = np.random.default_rng(2)
+    ins = [rng.standard_normal(b.shape).astype(np.float32) for b in f.inputs]
+    for got, want in zip(run(f, *ins), evaluate(f, ins)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
