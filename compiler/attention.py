@@ -77,6 +77,25 @@ def _last_axis_reduce(n: Node, op: str) -> bool:
     return n.op == op and tuple(n.attrs["axes"]) == (rank - 1,) and bool(n.attrs["keepdims"])
 
 
+def _reduce_then_combine(
+    users: dict[Value, list[Node]], outs: set[Value], x: Value, reduce_op: str, combine_op: str
+) -> tuple[Node, Node, Node] | None:
+    """``x`` read by exactly ``reduce_op`` over the last axis (keepdims) and ``combine_op(x, broadcast_to(that
+    reduction))``, each intermediate read only by the next: (the reduction, its broadcast, the combine), or
+    None. Softmax's max/subtract and sum/divide steps."""
+    readers = _only(users, x, outs)
+    red = next((n for n in readers if _last_axis_reduce(n, reduce_op)), None)
+    comb = next((n for n in readers if n.op == combine_op and n.inputs[0] is x), None)
+    if len(readers) != 2 or red is None or comb is None:
+        return None
+    bcast = _single(users, red.output, outs)
+    if bcast is None or bcast.op != "broadcast_to" or comb.inputs[1] is not bcast.output:
+        return None
+    if _single(users, bcast.output, outs) is not comb:
+        return None
+    return red, bcast, comb
+
+
 def match_core(graph: Graph, qk: Node, const: Callable[[Value], bool] | None = None) -> AttentionCore | None:
     """The attention core starting at the batch_matmul ``qk``, or None when the nodes after it do not have
     the matched form. ``const`` says which values are model constants (default: params; a region's
@@ -101,29 +120,17 @@ def match_core(graph: Graph, qk: Node, const: Callable[[Value], bool] | None = N
         chain.append(n)
         cur = n.output
     s = cur
-    readers = _only(users, s, outs)
-    rmax = next((n for n in readers if _last_axis_reduce(n, "reduce_max")), None)
-    sub = next((n for n in readers if n.op == "subtract" and n.inputs[0] is s), None)
-    if len(readers) != 2 or rmax is None or sub is None:
+    found = _reduce_then_combine(users, outs, s, "reduce_max", "subtract")
+    if found is None:
         return None
-    bmax = _single(users, rmax.output, outs)
-    if bmax is None or bmax.op != "broadcast_to" or sub.inputs[1] is not bmax.output:
-        return None
-    if _single(users, bmax.output, outs) is not sub:
-        return None
+    rmax, bmax, sub = found
     ex = _single(users, sub.output, outs)
     if ex is None or ex.op != "exp":
         return None
-    e_readers = _only(users, ex.output, outs)
-    rsum = next((n for n in e_readers if _last_axis_reduce(n, "reduce_sum")), None)
-    div = next((n for n in e_readers if n.op == "divide" and n.inputs[0] is ex.output), None)
-    if len(e_readers) != 2 or rsum is None or div is None:
+    found = _reduce_then_combine(users, outs, ex.output, "reduce_sum", "divide")
+    if found is None:
         return None
-    bsum = _single(users, rsum.output, outs)
-    if bsum is None or bsum.op != "broadcast_to" or div.inputs[1] is not bsum.output:
-        return None
-    if _single(users, bsum.output, outs) is not div:
-        return None
+    rsum, bsum, div = found
     pv = _single(users, div.output, outs)
     if (
         pv is None

@@ -467,7 +467,7 @@ class GBDTModel(CostModel):
             return prior
         if self.target == "rank":  # the trees reorder the prior, trusted as same-kind data accumulates
             xt = centered(x, np.zeros(len(x))) if self.center else x  # the rows are one workload's pool
-            trust = np.asarray([self.trust.get(k, 1.0) for k in signatures(x)])
+            trust = np.asarray([self.trust.get(k, 1.0) for k in signatures(x)]) if self.trust else 1.0
             learned = self.forest.predict(xt)
             return self.prior_scale * trust * prior + self.correction_weight(x) * learned
         if self.target == "residual":  # the correction is trusted as same-kind data accumulates

@@ -124,6 +124,10 @@ static inline kiln_f32x{W} kiln_pow_f32x{W}(kiln_f32x{W} x, kiln_f32x{W} y) {{
   return r;
 }}
 static inline kiln_i32x{W} kiln_iota_i32x{W}(void) {{ return (kiln_i32x{W}){{{iota}}}; }}
+/* the lane mask m (bit k: lane k) as a vector select mask: -1 in the lanes whose bit is set, 0 elsewhere */
+static inline kiln_i32x{W} kiln_lanemask_i32x{W}(uint32_t m) {{
+  return -((kiln_splat_i32x{W}((int32_t)m) >> kiln_iota_i32x{W}()) & 1);
+}}
 /* the W floats at p with the lanes whose bit of m is clear set to zero (m a constant lane mask; every lane
    of p[0..W-1] is readable): a zero-masking load where the ISA has one */
 static inline kiln_f32x{W} kiln_maskz_load_f32x{W}(const float* p, uint32_t m) {{
@@ -312,8 +316,7 @@ _STREAM_BUILTIN = {
 
 
 _MASKZ_PORTABLE = """\
-  kiln_i32x{W} b = -((kiln_splat_i32x{W}((int32_t)m) >> kiln_iota_i32x{W}()) & 1);
-  return kiln_sel_f32x{W}(b, kiln_load_f32x{W}(p), kiln_splat_f32x{W}(0.0f));
+  return kiln_sel_f32x{W}(kiln_lanemask_i32x{W}(m), kiln_load_f32x{W}(p), kiln_splat_f32x{W}(0.0f));
 """
 _MASKZ_BUILTIN = {
     16: (("__AVX512F__", "__builtin_ia32_loadups512_mask(p, kiln_splat_f32x16(0.0f), (unsigned short)m)"),),
@@ -321,8 +324,7 @@ _MASKZ_BUILTIN = {
         ("__AVX512VL__", "__builtin_ia32_loadups256_mask(p, kiln_splat_f32x8(0.0f), (unsigned char)m)"),
         (
             "__AVX__",
-            "__builtin_ia32_maskloadps256((const kiln_f32x8*)p, "
-            "-((kiln_splat_i32x8((int32_t)m) >> kiln_iota_i32x8()) & 1))",
+            "__builtin_ia32_maskloadps256((const kiln_f32x8*)p, kiln_lanemask_i32x8(m))",
         ),
     ),
     4: (("__AVX512VL__", "__builtin_ia32_loadups128_mask(p, kiln_splat_f32x4(0.0f), (unsigned char)m)"),),
@@ -340,8 +342,7 @@ def _maskz_body(width: int) -> str:
 
 
 _FMA_MASK_PORTABLE = """\
-  kiln_i32x{W} k = -((kiln_splat_i32x{W}((int32_t)m) >> kiln_iota_i32x{W}()) & 1);
-  return c + kiln_sel_f32x{W}(k, a, kiln_splat_f32x{W}(0.0f)) * b;
+  return c + kiln_sel_f32x{W}(kiln_lanemask_i32x{W}(m), a, kiln_splat_f32x{W}(0.0f)) * b;
 """
 _FMA_MASK_BUILTIN = {
     16: ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask3(a, b, c, (unsigned short)m, 4)"),

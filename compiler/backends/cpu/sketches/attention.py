@@ -275,6 +275,91 @@ def _tree(op: str, items: list[Expr], dtype: str) -> Expr:
     return items[0]
 
 
+def _lane_kind(v: int) -> str:
+    """The kind of a loop over ``v`` lanes: vectorized unless there is one."""
+    return "vectorized" if v > 1 else "serial"
+
+
+def _lanes(op: str, part: Buffer, v: int) -> Expr:
+    """``part[0] op part[1] op ..`` over its ``v`` lanes, as a balanced tree."""
+    return _tree(op, [Load(part, (const(x),)) for x in range(v)], "float32")
+
+
+def _zero_tile(buf: Buffer, tag: str, v: int) -> For:
+    """``buf`` (rows x columns, ``v``-lane vectors) = 0, rows unrolled, columns vectorized; loops ``<tag>i``,
+    ``<tag>c``."""
+    rows, cols = buf.shape
+    vec = _lane_kind(v)
+    zero = const(0.0, "float32")
+    return _loop(
+        tag + "i",
+        rows,
+        lambda i: _loop(tag + "c", cols, lambda c: BufferStore(buf, (i, c), zero), vec),
+        "unrolled",
+    )
+
+
+def _tile_loops(tag: str, rows: int, nu: int, v: int, fn) -> For:
+    """The nest over a register tile of ``rows`` x ``nu`` vectors of ``v`` lanes: rows and vectors unrolled,
+    lanes vectorized (loops ``<tag>i``, ``<tag>u``, ``<tag>x``); ``fn(i, u, x)`` is the statement of row i,
+    tile column u * v + x."""
+    vec = _lane_kind(v)
+    return _loop(
+        tag + "i",
+        rows,
+        lambda i: _loop(tag + "u", nu, lambda u: _loop(tag + "x", v, lambda x: fn(i, u, x), vec), "unrolled"),
+        "unrolled",
+    )
+
+
+def _row_partials(
+    part: Buffer, s: Buffer, i: Expr, cols: int, start: Expr, combine, tags: tuple[str, str, str]
+):
+    """``part`` (v lanes) = ``start``, then ``part[x] = combine(part[x], s[i, j * v + x])`` over the ``cols``
+    values of row i of ``s``: the vector partials of a row max or sum (reduce them with :func:`_lanes`)."""
+    v = part.shape[0]
+    vec = _lane_kind(v)
+    first, outer, inner = tags
+    return [
+        _loop(first, v, lambda x: BufferStore(part, (x,), start), vec),
+        _loop(
+            outer,
+            cols // v,
+            lambda j: _loop(
+                inner,
+                v,
+                lambda x: BufferStore(part, (x,), combine(Load(part, (x,)), Load(s, (i, j * v + x)))),
+                vec,
+            ),
+        ),
+    ]
+
+
+def _row_exp(s: Buffer, i: Expr, cols: int, v: int, shift: Expr) -> For:
+    """``s[i, :cols] = exp(s[i, :cols] - shift)`` in place, ``v`` lanes at a time."""
+    vec = _lane_kind(v)
+    return _loop(
+        "ej",
+        cols // v,
+        lambda j: _loop(
+            "ex",
+            v,
+            lambda x: BufferStore(
+                s, (i, j * v + x), Call("exp", (Load(s, (i, j * v + x)) - shift,), "float32")
+            ),
+            vec,
+        ),
+    )
+
+
+def _max(a: Expr, b: Expr) -> Expr:
+    return Binary("max", a, b, "float32")
+
+
+def _add(a: Expr, b: Expr) -> Expr:
+    return a + b
+
+
 def _unravel(flat: Expr, shape: tuple[int, ...]) -> list[Expr]:
     """Row-major indices of the flat index ``flat`` into ``shape``."""
     out: list[Expr] = []
@@ -293,8 +378,6 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
     mr, nu, pmr, pnu = cfg["mr"], cfg["nu"], cfg["pv_mr"], cfg["pv_nu"]
     blocks = m // r
     batch_shape = tuple(out.shape[:-2])
-    vec = "vectorized" if v > 1 else "serial"
-    unr = "unrolled"
 
     def task(t: Var) -> Stmt:
         flat_bh = t // blocks if blocks > 1 else t
@@ -335,42 +418,24 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
             key0 = const(0) if key0 is None else key0
             panel = key0 // w + jo
             acc = Buffer("acc", (mr, nu * v), f32, "local")
-            init = _loop(
-                "ai",
-                mr,
-                lambda i: _loop("ac", nu * v, lambda c: BufferStore(acc, (i, c), const(0.0, f32)), vec),
-                unr,
+
+            def fma(i: Var, u: Var, x: Var, k: Var) -> Stmt:
+                c = u * v + x
+                product = parts.q(batch, row0 + io * mr + i, k) * kval(panel, c, k)
+                return BufferStore(acc, (i, c), Load(acc, (i, c)) + product)
+
+            def store(i: Var, u: Var, x: Var) -> Stmt:
+                c = u * v + x
+                col = jo * (nu * v) + c
+                return BufferStore(
+                    s, (i, col), parts.score(Load(acc, (i, c)), batch, row0 + io * mr + i, key0 + col)
+                )
+
+            nest = _seq(
+                _zero_tile(acc, "a", v),
+                _loop("k", dk, lambda k: _tile_loops("s", mr, nu, v, lambda i, u, x: fma(i, u, x, k))),
+                _tile_loops("w", mr, nu, v, store),
             )
-
-            def fma(k: Var) -> Stmt:
-                def row(i: Var) -> Stmt:
-                    def lane(u: Var) -> Stmt:
-                        def el(x: Var) -> Stmt:
-                            c = u * v + x
-                            prev = Load(acc, (i, c))
-                            return BufferStore(
-                                acc, (i, c), prev + parts.q(batch, row0 + io * mr + i, k) * kval(panel, c, k)
-                            )
-
-                        return _loop("sx", v, el, vec)
-
-                    return _loop("su", nu, lane, unr)
-
-                return _loop("si", mr, row, unr)
-
-            def store_row(i: Var) -> Stmt:
-                def lane(u: Var) -> Stmt:
-                    def el(x: Var) -> Stmt:
-                        c = u * v + x
-                        col = jo * (nu * v) + c
-                        value = parts.score(Load(acc, (i, c)), batch, row0 + io * mr + i, key0 + col)
-                        return BufferStore(s, (i, col), value)
-
-                    return _loop("wx", v, el, vec)
-
-                return _loop("wu", nu, lane, unr)
-
-            nest = _seq(init, _loop("k", dk, fma), _loop("wi", mr, store_row, unr))
             return Allocate(acc, nest)
 
         def scores(io: Var) -> Stmt:
@@ -382,46 +447,11 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
             sp = Buffer("sum_part", (v,), f32, "local")
             mx = Buffer("row_max", (1,), f32, "local")
             stmts = [
-                _loop("mx0", v, lambda x: BufferStore(mp, (x,), const(-math.inf, f32)), vec),
-                _loop(
-                    "mj",
-                    n // v,
-                    lambda j: _loop(
-                        "mx",
-                        v,
-                        lambda x: BufferStore(
-                            mp, (x,), Binary("max", Load(mp, (x,)), Load(s, (i, j * v + x)), f32)
-                        ),
-                        vec,
-                    ),
-                ),
-                BufferStore(mx, (const(0),), _tree("max", [Load(mp, (const(x),)) for x in range(v)], f32)),
-                _loop(
-                    "ej",
-                    n // v,
-                    lambda j: _loop(
-                        "ex",
-                        v,
-                        lambda x: BufferStore(
-                            s,
-                            (i, j * v + x),
-                            Call("exp", (Load(s, (i, j * v + x)) - Load(mx, (const(0),)),), f32),
-                        ),
-                        vec,
-                    ),
-                ),
-                _loop("sx0", v, lambda x: BufferStore(sp, (x,), const(0.0, f32)), vec),
-                _loop(
-                    "sj",
-                    n // v,
-                    lambda j: _loop(
-                        "sx",
-                        v,
-                        lambda x: BufferStore(sp, (x,), Load(sp, (x,)) + Load(s, (i, j * v + x))),
-                        vec,
-                    ),
-                ),
-                BufferStore(lsum, (i,), _tree("+", [Load(sp, (const(x),)) for x in range(v)], f32)),
+                *_row_partials(mp, s, i, n, const(-math.inf, f32), _max, ("mx0", "mj", "mx")),
+                BufferStore(mx, (const(0),), _lanes("max", mp, v)),
+                _row_exp(s, i, n, v, Load(mx, (const(0),))),
+                *_row_partials(sp, s, i, n, const(0.0, f32), _add, ("sx0", "sj", "sx")),
+                BufferStore(lsum, (i,), _lanes("+", sp, v)),
             ]
             return Allocate(mp, Allocate(sp, Allocate(mx, SeqStmt(stmts))))
 
@@ -430,42 +460,24 @@ def _kernel(geo: dict[str, int], cfg: Config, parts: _Parts, out: Buffer) -> Stm
         # --- P·V
         def pv_tile(io: Var, po: Var, do: Var) -> Stmt:
             o = Buffer("out_acc", (pmr, pnu * v), f32, "local")
-            init = _loop(
-                "oi",
-                pmr,
-                lambda i: _loop("oc", pnu * v, lambda c: BufferStore(o, (i, c), const(0.0, f32)), vec),
-                unr,
+
+            def fma(i: Var, u: Var, x: Var, j: Var) -> Stmt:
+                c = u * v + x
+                p = Load(s, (po * pmr + i, j))
+                return BufferStore(o, (i, c), Load(o, (i, c)) + p * vval(j, do * (pnu * v) + c))
+
+            def store(i: Var, u: Var, x: Var) -> Stmt:
+                c = u * v + x
+                row = po * pmr + i
+                value = Load(o, (i, c)) * Call("recip", (Load(lsum, (row,)),), f32)
+                return BufferStore(out, (*batch, row0 + io * mr + row, do * (pnu * v) + c), value)
+
+            nest = _seq(
+                _zero_tile(o, "o", v),
+                _loop("j", n, lambda j: _tile_loops("p", pmr, pnu, v, lambda i, u, x: fma(i, u, x, j))),
+                _tile_loops("q", pmr, pnu, v, store),
             )
-
-            def fma(j: Var) -> Stmt:
-                def row(i: Var) -> Stmt:
-                    def lane(u: Var) -> Stmt:
-                        def el(x: Var) -> Stmt:
-                            c = u * v + x
-                            col = do * (pnu * v) + c
-                            p = Load(s, (po * pmr + i, j))
-                            return BufferStore(o, (i, c), Load(o, (i, c)) + p * vval(j, col))
-
-                        return _loop("px", v, el, vec)
-
-                    return _loop("pu", pnu, lane, unr)
-
-                return _loop("pi", pmr, row, unr)
-
-            def store_row(i: Var) -> Stmt:
-                def lane(u: Var) -> Stmt:
-                    def el(x: Var) -> Stmt:
-                        c = u * v + x
-                        col = do * (pnu * v) + c
-                        row = po * pmr + i
-                        value = Load(o, (i, c)) * Call("recip", (Load(lsum, (row,)),), f32)
-                        return BufferStore(out, (*batch, row0 + io * mr + row, col), value)
-
-                    return _loop("qx", v, el, vec)
-
-                return _loop("qu", pnu, lane, unr)
-
-            return Allocate(o, _seq(init, _loop("j", n, fma), _loop("qi", pmr, store_row, unr)))
+            return Allocate(o, nest)
 
         def pv(io: Var) -> Stmt:
             return _loop(
@@ -505,8 +517,7 @@ def _online(
     n, dv = geo["n"], geo["dv"]
     v, r, kb = cfg["vector"], cfg["rows"], cfg["keys"]
     mr, pmr, pnu = cfg["mr"], cfg["pv_mr"], cfg["pv_nu"]
-    vec = "vectorized" if v > 1 else "serial"
-    unr = "unrolled"
+    vec = _lane_kind(v)
     acc_o = Buffer("out_rows", (r, dv), f32, "local")
     mx = Buffer("run_max", (r,), f32, "local")
     sm = Buffer("run_sum", (r,), f32, "local")
@@ -532,29 +543,8 @@ def _online(
                 new = Buffer("new_max", (2,), f32, "local")  # [0]: the new max, [1]: it or 0 if -inf
                 cur = Load(new, (const(1),))
                 stmts = [
-                    _loop("mx0", v, lambda x: BufferStore(mp, (x,), neg_inf), vec),
-                    _loop(
-                        "mj",
-                        kb // v,
-                        lambda j: _loop(
-                            "mx",
-                            v,
-                            lambda x: BufferStore(
-                                mp, (x,), Binary("max", Load(mp, (x,)), Load(s, (i, j * v + x)), f32)
-                            ),
-                            vec,
-                        ),
-                    ),
-                    BufferStore(
-                        new,
-                        (const(0),),
-                        Binary(
-                            "max",
-                            Load(mx, (row,)),
-                            _tree("max", [Load(mp, (const(x),)) for x in range(v)], f32),
-                            f32,
-                        ),
-                    ),
+                    *_row_partials(mp, s, i, kb, neg_inf, _max, ("mx0", "mj", "mx")),
+                    BufferStore(new, (const(0),), _max(Load(mx, (row,)), _lanes("max", mp, v))),
                     BufferStore(
                         new,
                         (const(1),),
@@ -564,29 +554,8 @@ def _online(
                             Load(new, (const(0),)),
                         ),
                     ),
-                    _loop(
-                        "ej",
-                        kb // v,
-                        lambda j: _loop(
-                            "ex",
-                            v,
-                            lambda x: BufferStore(
-                                s, (i, j * v + x), Call("exp", (Load(s, (i, j * v + x)) - cur,), f32)
-                            ),
-                            vec,
-                        ),
-                    ),
-                    _loop("sx0", v, lambda x: BufferStore(sp, (x,), const(0.0, f32)), vec),
-                    _loop(
-                        "sj",
-                        kb // v,
-                        lambda j: _loop(
-                            "sx",
-                            v,
-                            lambda x: BufferStore(sp, (x,), Load(sp, (x,)) + Load(s, (i, j * v + x))),
-                            vec,
-                        ),
-                    ),
+                    _row_exp(s, i, kb, v, cur),
+                    *_row_partials(sp, s, i, kb, const(0.0, f32), _add, ("sx0", "sj", "sx")),
                 ]
                 corr = Buffer("correction", (1,), f32, "local")
                 c0 = Load(corr, (const(0),))
@@ -595,7 +564,7 @@ def _online(
                     BufferStore(
                         sm,
                         (row,),
-                        Load(sm, (row,)) * c0 + _tree("+", [Load(sp, (const(x),)) for x in range(v)], f32),
+                        Load(sm, (row,)) * c0 + _lanes("+", sp, v),
                     ),
                     BufferStore(mx, (row,), Load(new, (const(0),))),
                     _loop("rc", dv, lambda c: BufferStore(acc_o, (row, c), Load(acc_o, (row, c)) * c0), vec),
@@ -608,15 +577,8 @@ def _online(
                 def col_of(u: Expr, x: Expr) -> Expr:
                     return do * (pnu * v) + u * v + x
 
-                def each(name: str, fn) -> Stmt:
-                    return _loop(
-                        name + "i",
-                        pmr,
-                        lambda i: _loop(
-                            name + "u", pnu, lambda u: _loop(name + "x", v, lambda x: fn(i, u, x), vec), unr
-                        ),
-                        unr,
-                    )
+                def each(tag: str, fn) -> Stmt:
+                    return _tile_loops(tag, pmr, pnu, v, fn)
 
                 row = lambda i: io * mr + po * pmr + i  # noqa: E731
                 load = each(

@@ -405,10 +405,7 @@ class CpuConvSketch(Sketch):
         x_o, x_i = sch.split(x, [overlap_tiles(geo["ow"], nr, step), nr])
         sch.reorder(n, o_o, y_o, x_o, *red, o_i, y_i, x_i)
         sch.reverse_compute_at(epi, x_o)
-        init = sch.decompose_reduction(mm, red[0])
-        for small in red[1:]:
-            if small.extent <= 7:
-                sch.unroll(small)
+        init = decompose_and_unroll_taps(sch, mm, red)
         # whole tiles for the accumulation (the padded input copy grows to cover the row tail; an
         # overlapped row has none)
         for b in (mm, init):
@@ -418,8 +415,7 @@ class CpuConvSketch(Sketch):
                 if b.predicate is not None and lp.var in free_vars(b.predicate):
                     with contextlib.suppress(ScheduleError):  # an input read in place keeps its guard
                         sch.pad(b, lp)
-        weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
-        sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+        pack_weight(sch, group, oc)
         for b in (mm, init, epi):
             self._vector_tile(sch, b, v, x_o)
         if step is not None:
@@ -429,10 +425,7 @@ class CpuConvSketch(Sketch):
             outer = [n, o_o]
         else:
             self._schedule_pad(sch, config, target)
-        if config["parallel_x"] == "outer":
-            fused = fuse_loops(sch, outer)
-            if fused is not None and fused.extent > 1:
-                sch.parallel(fused)
+        parallel_outer(sch, config, outer)
         return sch
 
     def _direct_flat(
@@ -465,24 +458,17 @@ class CpuConvSketch(Sketch):
         sch.reverse_compute_at(epi, y_o)
         if config["ry"] > 1:  # the epilogue's rows and columns under y_o (a single row has no row loop)
             sch.fuse(*sch.get_loops(epi)[-2:])
-        init = sch.decompose_reduction(mm, red[0])
-        for small in red[1:]:
-            if small.extent <= 7:
-                sch.unroll(small)
+        init = decompose_and_unroll_taps(sch, mm, red)
         for b in (mm, init):  # a channel tile that does not divide O: whole tiles over a grown weight
             o_loop = sch.get_loops(b)[-2]
             if b.predicate is not None and o_loop.var in free_vars(b.predicate):
                 with contextlib.suppress(ScheduleError):
                     sch.pad(b, o_loop)
-        weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
-        sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+        pack_weight(sch, group, oc)
         for b in (mm, init, epi):
             self._vector_tile(sch, b, v, y_o)
         self._schedule_pad(sch, config, target)
-        if config["parallel_x"] == "outer":
-            fused = fuse_loops(sch, [n, o_o, y_o])
-            if fused is not None and fused.extent > 1:
-                sch.parallel(fused)
+        parallel_outer(sch, config, [n, o_o, y_o])
         return sch
 
     @staticmethod
@@ -576,6 +562,32 @@ class CpuConvSketch(Sketch):
             if lanes > 1 and row.extent >= lanes:
                 _rest, vec = sch.split(row, [None, lanes])
                 sch.vectorize(vec)
+
+
+def decompose_and_unroll_taps(sch: Schedule, mm: Block, red: Sequence[For]) -> Block:
+    """Split the accumulator's init off before the first reduction loop of ``mm`` and unroll the short
+    kernel-tap loops after it (extent <= 7); returns the init block."""
+    init = sch.decompose_reduction(mm, red[0])
+    for small in red[1:]:
+        if small.extent <= 7:
+            sch.unroll(small)
+    return init
+
+
+def pack_weight(sch: Schedule, group: Group, oc: int) -> None:
+    """The convolution's constant weight re-laid out at compile time in tiles of ``oc`` output channels
+    (the channel count padded to a whole tile)."""
+    weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
+    sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+
+
+def parallel_outer(sch: Schedule, config: Config, outer: Sequence[For]) -> None:
+    """``parallel_x`` outer: the ``outer`` loops fused into one parallel loop (when it has more than one
+    iteration)."""
+    if config["parallel_x"] == "outer":
+        fused = fuse_loops(sch, list(outer))
+        if fused is not None and fused.extent > 1:
+            sch.parallel(fused)
 
 
 def conjuncts(e: Expr) -> list[Expr]:

@@ -30,11 +30,17 @@ from __future__ import annotations
 
 from compiler.backends import group_analysis as G
 from compiler.backends.cpu.sketches.common import PARALLEL_MIN_WORK
-from compiler.backends.cpu.sketches.conv import CpuConvSketch, conv_geometry, registers
-from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
+from compiler.backends.cpu.sketches.conv import (
+    CpuConvSketch,
+    conv_geometry,
+    decompose_and_unroll_taps,
+    pack_weight,
+    parallel_outer,
+    registers,
+)
+from compiler.backends.sketch import Config, Knob, Sketch, output_blocks, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
-from compiler.layouts import TilePack
 from compiler.loopir import analysis as A
 from compiler.loopir.expr import free_vars
 from compiler.loopir.schedule import Schedule
@@ -192,26 +198,19 @@ class CpuConvPoolSketch(Sketch):
         tile, red = _under(sch, mm, px_o)
         if tile:
             sch.reorder(*red, *tile)
-        init = sch.decompose_reduction(mm, red[0])
-        for small in red[1:]:
-            if small.extent <= 7:
-                sch.unroll(small)
+        init = decompose_and_unroll_taps(sch, mm, red)
         for b in (mm, init):  # whole tiles (the knobs divide the output): the bounds guards go
             for lp in sch.get_loops(b)[-3:]:
                 if b.predicate is not None and lp.var in free_vars(b.predicate):
                     sch.pad(b, lp)
-        weight = sch.func.params[group.inputs.index(group.anchor.inputs[1])]
-        sch.transform_input_layout(weight, TilePack(0, oc, pad_to=oc))
+        pack_weight(sch, group, oc)
         for b in (mm, init, copy):
             CpuConvSketch._vector_tile(sch, b, v, px_o)
         self._pool_tile(sch, pool, px_o, config["pool_vector"])
         if out is not pool:
             _unroll_rows(sch, out, px_o, config["pool_vector"])
         CpuConvSketch._schedule_pad(sch, config, target)
-        if config["parallel_x"] == "outer":
-            fused = fuse_loops(sch, [n, c_o, py_o])
-            if fused is not None and fused.extent > 1:
-                sch.parallel(fused)
+        parallel_outer(sch, config, [n, c_o, py_o])
         return sch
 
     @staticmethod

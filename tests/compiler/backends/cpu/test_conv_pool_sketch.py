@@ -25,11 +25,10 @@ from compiler.passes import optimize
 from compiler.reference import random_inputs, run_reference
 from compiler.target import Target
 from tests.compiler.property_graphs import inputs_for
+from tests.targets import AVX2, AVX512
 from tuner.plan_search import target_regions
 
 SKETCH = CpuConvPoolSketch()
-AVX512 = Target.from_cpuinfo("flags\t: avx512f avx2 fma\n", "x86_64", cores=2)
-AVX2 = Target.from_cpuinfo("flags\t: avx2 fma\n", "x86_64", cores=2)
 SETTINGS = settings(
     max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", "20")),
     deadline=None,
