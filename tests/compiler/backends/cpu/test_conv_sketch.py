@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compiler.backends.cpu.codegen import prepare
 from compiler.backends.cpu.sketches.conv import (
     FLAT_FREE_REGISTERS,
     CpuConvSketch,
     conv_geometry,
     overlap_step,
 )
-from compiler.backends.cpu.codegen import prepare
 from compiler.build import compile as compile_model
 from compiler.builder import GraphBuilder
 from compiler.errors import ScheduleError
@@ -274,7 +274,9 @@ def test_a_whole_input_two_stage_pad_copies_in_vectors(target, w):
     config["row_tail"] = "pad" if config["row_tail"] == "flat" else config["row_tail"]
     SKETCH.check(group, config, target)
     func = prepare(lower_func(SKETCH.build(group, config, target).func), target)
-    stores = [s for s in walk_stmts(func.body) if isinstance(s, BufferStore) and s.buffer.name.endswith("pad")]
+    stores = [
+        s for s in walk_stmts(func.body) if isinstance(s, BufferStore) and s.buffer.name.endswith("pad")
+    ]
     lanes = target.vector_lanes_f32
     for stage, row in (("_rows_pad", w), ("d_pad", w + 2)):  # the columns stage's rows hold the padding
         widths = {lanes_of(s.value.dtype) for s in stores if s.buffer.name.endswith(stage)}
