@@ -271,7 +271,8 @@ def test_a_whole_input_two_stage_pad_copies_in_vectors(target, w):
     config = {**SKETCH.default(group, target), "pad_at": "once"}
     if config["method"] != "direct":
         pytest.skip(f"{target.key}: the rule picks {config['method']} for this convolution, no padded copy")
-    config["row_tail"] = "pad" if config["row_tail"] == "flat" else config["row_tail"]
+    if config["row_tail"] == "flat":  # flat tiles read the rows stage alone: the same tile over both
+        config.update(row_tail="pad", nr_x=config["nr_x"] // config["ry"])
     SKETCH.check(group, config, target)
     func = prepare(lower_func(SKETCH.build(group, config, target).func), target)
     stores = [
@@ -352,7 +353,8 @@ def test_every_legal_flat_config_computes_the_reference(c, o, h, w, k, groups, e
 def test_flat_tiles_are_the_default_for_rows_ending_in_a_part_vector():
     """ResNet's 3x3 64->64 at 28x28 with AVX-512: 28-pixel rows end in a part vector, so the default tile
     runs whole rows as one run of pixels, its accumulators leaving FLAT_FREE_REGISTERS registers; rows of
-    whole vectors (32 pixels) keep row tiles; AVX2 keeps the GEMM view for that deep window."""
+    whole vectors (32 pixels) keep row tiles unless a tile covers whole rows; AVX2 keeps the GEMM view
+    for that deep window."""
     resnet = conv_group(conv_net(64, 64, 28, 28, 3, 1, 1, 1, "relu"))
     config = SKETCH.default(resnet, AVX512)
     assert config["row_tail"] == "flat" and config["nr_x"] == config["ry"] * 28
@@ -360,6 +362,12 @@ def test_flat_tiles_are_the_default_for_rows_ending_in_a_part_vector():
     assert SKETCH.default(resnet, AVX2)["method"] == "gemm"
     whole = conv_group(conv_net(16, 32, 16, 32, 3, 1, 1, 1, "relu"))
     assert SKETCH.default(whole, AVX512)["row_tail"] != "flat"
+    # conv_net's 32 -> 64 at 16x16: the tile covers whole rows of one vector each, so with AVX-512's masked
+    # FMAs it runs them flat (no columns stage), the same accumulators; AVX2 keeps its row tiles
+    one_vector = conv_group(conv_net(32, 64, 16, 16, 3, 1, 1, 1, "relu"))
+    config = SKETCH.default(one_vector, AVX512)
+    assert config["row_tail"] == "flat" and config["nr_x"] == config["ry"] * 16, config
+    assert SKETCH.default(one_vector, AVX2)["row_tail"] != "flat"
     unpadded = conv_group(conv_net(2, 8, 10, 10, 3, 1, 0, 1, "relu"))
     assert "flat" not in next(k.values for k in SKETCH.space(unpadded, AVX512) if k.name == "row_tail")
 
