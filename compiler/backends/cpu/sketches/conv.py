@@ -69,6 +69,11 @@ SCALAR_TAIL_COST = 1.0
 FLAT_FREE_REGISTERS = 8
 # input bytes a direct tile may re-read from L2 per vector FMA at full speed (see CpuConvSketch._reread)
 REREAD_BYTES_PER_FMA = 8.0
+# elements of a padded-copy stage from which it runs on the thread pool with a parallel convolution (the
+# convolution's loop wakes the workers anyway; PARALLEL_MIN_WORK is for a kernel's only loop): ResNet's
+# rows stage, 64 x 32 x 28 = 57,344 elements, serial ~5 us of each 3x3 conv's 117 us at 2 threads, in
+# parallel 112.5 us (AVX-512, in-process, min of 300 calls); conv_net's first conv (27,648) 30.4 -> 29.5 us
+PAD_PARALLEL_MIN_WORK = PARALLEL_MIN_WORK // 8
 
 
 def overlap_step(ow: int, nr: int) -> int | None:
@@ -569,8 +574,10 @@ class CpuConvSketch(Sketch):
     @classmethod
     def _schedule_pad(cls, sch: Schedule, config: Config, target: Target) -> None:
         """The zero-padded input copy (te_ops' two stages, rows then columns, or one): each stage one
-        pass, parallel over its outer axes when big enough; the column stage in vectors of the target's
-        lanes (its loads are in bounds, so its select vectorizes)."""
+        pass, parallel over its outer axes with a parallel convolution of at least
+        ``PAD_PARALLEL_MIN_WORK`` elements; both stages of a two-stage copy in vectors of the target's
+        lanes (the rows stage's loads are clamped into the input, the columns stage's stay inside the rows
+        stage's extra zero rows, so their selects vectorize)."""
         lanes = target.vector_lanes_f32
         two_stage = any(b.name.endswith("_rows_pad") for b in sch.blocks())
         for b in sch.blocks():
@@ -578,7 +585,7 @@ class CpuConvSketch(Sketch):
                 continue
             loops = sch.get_loops(b)
             numel = math.prod(lp.extent for lp in loops)
-            if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PARALLEL_MIN_WORK:
+            if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PAD_PARALLEL_MIN_WORK:
                 sch.parallel(fuse_loops(sch, loops[:-2]))
             if two_stage:
                 # both stages in vectors: the rows stage's loads are clamped into the input and the
