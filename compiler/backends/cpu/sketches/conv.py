@@ -250,6 +250,10 @@ class CpuConvSketch(Sketch):
         if v > 1 and regs > registers(target) - 2:
             raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
         if flat:
+            if v == 1:
+                # its column padding is a lane mask: scalar, every tap is a select (conv_net's 32->64 at
+                # 16x16: 15-37 ms per call vs 0.29 ms in vectors; 8% of a 30-trial tuning run's conv trials)
+                raise ScheduleError("conv: row_tail flat runs in vectors (vector_x > 1)")
             if nr != config["ry"] * geo["ow"] or geo["oh"] % config["ry"]:
                 raise ScheduleError(
                     f"conv: row_tail flat runs tiles of ry whole rows: nr_x {nr} must be ry "

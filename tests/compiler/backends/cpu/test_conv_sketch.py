@@ -368,6 +368,8 @@ def test_flat_tiles_are_the_default_for_rows_ending_in_a_part_vector():
     config = SKETCH.default(one_vector, AVX512)
     assert config["row_tail"] == "flat" and config["nr_x"] == config["ry"] * 16, config
     assert SKETCH.default(one_vector, AVX2)["row_tail"] != "flat"
+    with pytest.raises(ScheduleError, match="flat runs in vectors"):  # scalar flat tiles: 50-100x slower
+        SKETCH.check(one_vector, {**config, "vector_x": 1}, AVX512)
     unpadded = conv_group(conv_net(2, 8, 10, 10, 3, 1, 0, 1, "relu"))
     assert "flat" not in next(k.values for k in SKETCH.space(unpadded, AVX512) if k.name == "row_tail")
 
