@@ -69,6 +69,11 @@ SCALAR_TAIL_COST = 1.0
 FLAT_FREE_REGISTERS = 8
 # input bytes a direct tile may re-read from L2 per vector FMA at full speed (see CpuConvSketch._reread)
 REREAD_BYTES_PER_FMA = 8.0
+# elements of a padded-copy stage from which it runs on the thread pool with a parallel convolution (the
+# convolution's loop wakes the workers anyway; PARALLEL_MIN_WORK is for a kernel's only loop): ResNet's
+# rows stage, 64 x 32 x 28 = 57,344 elements, serial ~5 us of each 3x3 conv's 117 us at 2 threads, in
+# parallel 112.5 us (AVX-512, in-process, min of 300 calls); conv_net's first conv (27,648) 30.4 -> 29.5 us
+PAD_PARALLEL_MIN_WORK = PARALLEL_MIN_WORK // 8
 
 
 def overlap_step(ow: int, nr: int) -> int | None:
@@ -245,6 +250,10 @@ class CpuConvSketch(Sketch):
         if v > 1 and regs > registers(target) - 2:
             raise ScheduleError(f"conv: a direct tile of {regs} vector accumulators does not fit")
         if flat:
+            if v == 1:
+                # its column padding is a lane mask: scalar, every tap is a select (conv_net's 32->64 at
+                # 16x16: 15-37 ms per call vs 0.29 ms in vectors; 8% of a 30-trial tuning run's conv trials)
+                raise ScheduleError("conv: row_tail flat runs in vectors (vector_x > 1)")
             if nr != config["ry"] * geo["ow"] or geo["oh"] % config["ry"]:
                 raise ScheduleError(
                     f"conv: row_tail flat runs tiles of ry whole rows: nr_x {nr} must be ry "
@@ -336,6 +345,12 @@ class CpuConvSketch(Sketch):
                 if key > best_key:
                     best, best_key = (oc, ry, nr, lanes, "flat"), key
         oc, ry, nr, v, tail = best or (1, 1, min(self._nr_values(geo)), 1, "pad")
+        if self._flat_whole_rows(geo, target, nr, v, tail):
+            # the same tile as one run of ry whole rows: the same accumulators and loads, the taps at
+            # the row ends masked FMAs instead of the padded copy's columns stage (conv_net's 32 -> 64 at
+            # 16x16, AVX-512, 1 thread, oc 4 x 4 rows x 16 px: 283.6 us flat vs 288.5 over the columns
+            # stage, in-process, 11 interleaved rounds)
+            nr, tail = ry * ow, "flat"
         parallel = "outer" if group.flops >= 8 * PARALLEL_MIN_WORK else "none"
         pad_at = "channel_tile" if self._channel_local_pad(geo) else "once"
         return {
@@ -347,6 +362,20 @@ class CpuConvSketch(Sketch):
             "pad_at": pad_at,
             "row_tail": tail,
         }
+
+    def _flat_whole_rows(self, geo: dict[str, int], target: Target, nr: int, v: int, tail: str) -> bool:
+        """Whether the default's tile (``nr`` pixels of a row, ``v`` lanes) covers whole output rows of
+        whole vectors of a convolution that flat tiles can run, on a target whose masked FMAs are single
+        instructions (16 float32 lanes: AVX-512; narrower targets blend, and their flat tiles lost to the
+        GEMM view on ResNet's 3x3): the tile then runs flat (no padded copy's columns stage)."""
+        return (
+            self._flat_rows(geo)
+            and not self._channel_local_pad(geo)
+            and tail == "pad"
+            and nr == geo["ow"]
+            and v == target.vector_lanes_f32 == 16
+            and geo["ow"] % v == 0
+        )
 
     @staticmethod
     def _reread(geo: dict[str, int], target: Target, oc: int, v: int) -> float:
@@ -529,22 +558,30 @@ class CpuConvSketch(Sketch):
                 kept = [c for c in conjuncts(rows.predicate) if lp.var not in free_vars(c)]
                 rows.predicate = logical_and(*kept) if kept else None
         for b in (rows, cols):
-            row = sch.get_loops(b)[-1]
-            if lanes <= 1 or row.extent < lanes:
-                continue
-            step = overlap_step(row.extent, lanes)
-            if step is not None and overlap_tiles(row.extent, lanes, step) > -(-row.extent // lanes) + 1:
-                step = None  # more than one extra vector (30 in vectors of 8 would take 12): a guarded tail
-            r_o, vec = sch.split(row, [overlap_tiles(row.extent, lanes, step), lanes])
-            sch.vectorize(vec)
-            if step is not None:  # copies: a pixel stored twice gets the same value
-                cls._overlap_row_tiles([b], r_o, lanes, step)
+            cls._vector_pad_rows(sch, b, lanes)
 
-    @staticmethod
-    def _schedule_pad(sch: Schedule, config: Config, target: Target) -> None:
+    @classmethod
+    def _vector_pad_rows(cls, sch: Schedule, block: Block, lanes: int) -> None:
+        """A pad stage's row loop in vectors of ``lanes``: overlapped when that costs at most one extra
+        vector (a copy: a pixel stored twice gets the same value), else the last vector guarded."""
+        row = sch.get_loops(block)[-1]
+        if lanes <= 1 or row.extent < lanes:
+            return
+        step = overlap_step(row.extent, lanes)
+        if step is not None and overlap_tiles(row.extent, lanes, step) > -(-row.extent // lanes) + 1:
+            step = None  # more than one extra vector (30 in vectors of 8 would take 12): a guarded tail
+        r_o, vec = sch.split(row, [overlap_tiles(row.extent, lanes, step), lanes])
+        sch.vectorize(vec)
+        if step is not None:
+            cls._overlap_row_tiles([block], r_o, lanes, step)
+
+    @classmethod
+    def _schedule_pad(cls, sch: Schedule, config: Config, target: Target) -> None:
         """The zero-padded input copy (te_ops' two stages, rows then columns, or one): each stage one
-        pass, parallel over its outer axes when big enough; the column stage in vectors of the target's
-        lanes (its loads are in bounds, so its select vectorizes)."""
+        pass, parallel over its outer axes with a parallel convolution of at least
+        ``PAD_PARALLEL_MIN_WORK`` elements; both stages of a two-stage copy in vectors of the target's
+        lanes (the rows stage's loads are clamped into the input, the columns stage's stay inside the rows
+        stage's extra zero rows, so their selects vectorize)."""
         lanes = target.vector_lanes_f32
         two_stage = any(b.name.endswith("_rows_pad") for b in sch.blocks())
         for b in sch.blocks():
@@ -552,16 +589,15 @@ class CpuConvSketch(Sketch):
                 continue
             loops = sch.get_loops(b)
             numel = math.prod(lp.extent for lp in loops)
-            if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PARALLEL_MIN_WORK:
+            if len(loops) > 1 and config["parallel_x"] != "none" and numel >= PAD_PARALLEL_MIN_WORK:
                 sch.parallel(fuse_loops(sch, loops[:-2]))
-            row = sch.get_loops(b)[-1]
-            if b.name.endswith("_rows_pad") or not two_stage:
-                # the rows stage is a row copy under a per-row condition (gcc vectorizes it as it is);
-                # a one-stage copy reads out of bounds at its corners and stays scalar
-                continue
-            if lanes > 1 and row.extent >= lanes:
-                _rest, vec = sch.split(row, [None, lanes])
-                sch.vectorize(vec)
+            if two_stage:
+                # both stages in vectors: the rows stage's loads are clamped into the input and the
+                # columns stage's stay inside the rows stage's extra zero rows (a scalar rows stage, left to
+                # gcc, took 18.3 of conv_net's second convolution's 288 us, AVX-512, 1 thread; vectors: see
+                # the note of this change); a one-stage copy reads out of bounds at its corners and stays
+                # scalar
+                cls._vector_pad_rows(sch, b, lanes)
 
 
 def decompose_and_unroll_taps(sch: Schedule, mm: Block, red: Sequence[For]) -> Block:
