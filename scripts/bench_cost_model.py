@@ -1153,6 +1153,7 @@ def devcv(args: argparse.Namespace) -> None:
         (json.dumps(v, sort_keys=True) if v else "{} (default)", "gbdt", v) for v in DEV_VARIANTS
     ]
     kinds = ("pointwise", "reduction", "contraction")
+    commit = git_commit()
     print(
         f"Development workloads ({len(dev)}: every workload of the cache with >= 16 successful records that "
         "is not held out; named ones are benchmark or development workloads, the others the cold "
@@ -1160,7 +1161,9 @@ def devcv(args: argparse.Namespace) -> None:
         + ", ".join(f"{names.get(w, w[:8])} ({data.kinds[w]})" for w in dev)
         + ". Each is ranked by a model trained on the other development workloads minus its twins; "
         "top-k = best latency / best latency among the k highest scores. weighted: TenSet's (by best "
-        "latency); mean: every workload counts once.\n"
+        "latency); mean: every workload counts once. "
+        f"git {commit[:12]}{'+dirty' if commit.endswith('+dirty') else ''}, "
+        f"cost model code {code_hash(('cost_model',))}, cache {args.cache}.\n"
     )
     print(
         "| model | weighted top-1 | mean top-1 | weighted top-5 | mean top-5 | "
