@@ -1820,8 +1820,11 @@ cache file is named by the hash of the code that measures: `compiler/`, `tuner/m
 `tuner/space.py` and the runner settings). So that seeds can be replayed without measuring, each benchmark
 workload is searched in a sub-space that was measured *whole*: reduction and pointwise spaces entirely
 (48-576 configs), contraction spaces over `mr`, `nr`, `vector` with the other knobs at the sketch's default
-(35-111 valid configs; the full spaces have ~10^5). The goal is the sub-space's true best, known from the
-table. Methods: TPE alone (`--cost-model none`), Optuna random, and TPE with the cost-model filter ranking a
+(35-111 valid configs; the full spaces have ~10^5). convnet:g2 is now scheduled by the conv sketch (v3:
+`method`, `oc_tile`, `ry`, `nr_x`, `vector_x`, `parallel_x`, `pad_at`, `row_tail`), which has none of
+these knobs, so its sub-space is its default alone (1 config): every method needs one trial there. The
+goal is the sub-space's true best, known from the table. Methods: TPE alone (`--cost-model none`), Optuna
+random, and TPE with the cost-model filter ranking a
 pool of 8 candidates per measured one (Optuna's asks plus the filter's own proposals, see
 docs/cost_model.md) by the analytic prior, by random scores (a control for the pool itself), by the GBDT
 starting cold, and by the GBDT warm-started from the cache's other records (minus the workload's twins and
