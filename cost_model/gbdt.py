@@ -20,10 +20,16 @@ Three targets, all normalized per workload so that one model learns from every w
 For ``rank`` and ``residual`` the learned correction of a candidate is weighted ``n / (n + prior_samples)``
 where ``n`` counts the training samples of *its kind* (pointwise, reduction, contraction, other: the
 ``wl_kind_*`` features): what was learned on contractions transfers to a new contraction as soon as there
-are some, but a pointwise candidate keeps the prior until pointwise data exists. With no data the model
-*is* the analytic model; every measurement refines it. For the regressions, rows of workloads with few
-samples are repeated (up to 8x), so a new workload's first measurements are not drowned by a big
-workload's thousands (LambdaMART's per-query normalization does this for ``rank``). Retraining is
+are some, but a pointwise candidate keeps the prior until pointwise data exists. A candidate of a
+workload the forest was not trained on (a transfer: a warm start's first round, a held-out workload) is also
+weighted ``m / (m + transfer_workloads)`` for the ``m`` distinct workloads of its kind in the training data
+(default 8): the samples of one workload are one correlated lesson, and what a few reductions taught about
+another (say, how many accumulators its rows need) is a guess the prior should still outweigh. LambdaMART's
+scores have no scale of their own, so by default it grows 40 trees of 10 leaves (the regressions 150 of 15,
+see :data:`TREES`): the larger forest made the learned part several times the prior's spread within a pool.
+With no data the model *is* the analytic model; every measurement refines it. For the regressions, rows of
+workloads with few samples are repeated (up to 8x), so a new workload's first measurements are not drowned
+by a big workload's thousands (LambdaMART's per-query normalization does this for ``rank``). Retraining is
 adaptive: a fit happens once ``min_fit`` samples exist and again whenever ``refit_every`` new samples
 arrived (every batch of ``kiln tune``; ``update(..., fit=False)`` + :meth:`GBDTModel.fit_if_due` let the
 search refit in the background), on at most ``max_train`` samples (per-workload quotas, best first).
@@ -239,6 +245,13 @@ def rank01(x: np.ndarray) -> np.ndarray:
 
 
 WORKLOAD_COLUMNS = np.asarray([i for i, n in enumerate(FEATURE_NAMES) if n.startswith("wl_")])
+KIND_IN_WORKLOAD = np.searchsorted(WORKLOAD_COLUMNS, KIND_COLUMNS)  # the kind one-hot within the wl_* columns
+# (max_iter, max_leaf_nodes) by default: regressions (residual, ratio) / LambdaMART (rank). LambdaMART's
+# scores have no scale of their own: 150 trees of 15 leaves pushed the learned part to several times the
+# prior's spread within a pool, so a correction learned on other workloads overruled the prior; 40 trees of
+# 10 leaves were chosen by leave-one-workload-out cross-validation on the development workloads
+# (scripts/bench_cost_model.py `devcv`), never on the held-out ones.
+TREES = {False: (150, 15), True: (40, 10)}
 
 
 def signatures(x: np.ndarray) -> list[bytes]:
@@ -279,9 +292,9 @@ class GBDTModel(CostModel):
     def __init__(
         self,
         seed: int = 0,
-        max_iter: int = 150,
+        max_iter: int | None = None,
         learning_rate: float = 0.1,
-        max_leaf_nodes: int = 15,
+        max_leaf_nodes: int | None = None,
         min_fit: int = 8,
         refit_every: int = 8,
         trust_samples: int = 48,
@@ -294,15 +307,18 @@ class GBDTModel(CostModel):
         rank_objective: str = "lambdarank",
         inline_below: int = 0,
         prior_trust: float = 0.0,
+        rank_params: dict[str, Any] | None = None,
+        transfer_workloads: float = 8.0,
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         super().__init__()
         self.seed = seed
+        small = target == "rank"  # see TREES
         self.params = {
-            "max_iter": max_iter,
+            "max_iter": TREES[small][0] if max_iter is None else int(max_iter),
             "learning_rate": learning_rate,
-            "max_leaf_nodes": max_leaf_nodes,
+            "max_leaf_nodes": TREES[small][1] if max_leaf_nodes is None else int(max_leaf_nodes),
         }
         self.min_fit, self.refit_every = min_fit, refit_every
         self.trust_samples, self.max_train = trust_samples, max_train
@@ -316,6 +332,12 @@ class GBDTModel(CostModel):
         if prior_trust < 0:
             raise ValueError(f"prior_trust must be >= 0, got {prior_trust}")
         self.prior_trust = float(prior_trust)
+        self.rank_params = dict(rank_params or {})
+        if transfer_workloads < 0:
+            raise ValueError(f"transfer_workloads must be >= 0, got {transfer_workloads}")
+        self.transfer_workloads = float(transfer_workloads)
+        self.fit_workloads: set[bytes] = set()  # signatures of the workloads the forest was trained on
+        self.kind_workloads = np.zeros(len(KIND_COLUMNS))  # of those workloads, how many of each kind
         self.trust: dict[bytes, float] = {}  # workload signature -> how far its prior is trusted
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.lat = np.zeros(0)
@@ -416,7 +438,7 @@ class GBDTModel(CostModel):
             est.fit(self.x[rows].astype(np.float64), y)
         self.forest = Forest.from_sklearn(est)
         self.n_fit = len(self.lat)
-        self.kind_counts = np.bincount(kind_index(self.x), minlength=len(KIND_COLUMNS)).astype(np.float64)
+        self._count_kinds()
         self.fits += 1
 
     def _fit_rank(self, rows: np.ndarray, wl: np.ndarray) -> None:
@@ -451,13 +473,23 @@ class GBDTModel(CostModel):
             "force_row_wise": True,
             "seed": self.seed,
             "verbose": -1,
+            **self.rank_params,
         }
         data = lgb.Dataset(x, y, group=sizes, init_score=init, params={"max_bin": 64, "verbose": -1})
         booster = lgb.train(params, data, num_boost_round=self.params["max_iter"])
         self.forest = Forest.from_lightgbm(booster)
         self.n_fit = len(self.lat)
-        self.kind_counts = np.bincount(kind_index(self.x), minlength=len(KIND_COLUMNS)).astype(np.float64)
+        self._count_kinds()
         self.fits += 1
+
+    def _count_kinds(self) -> None:
+        """Samples and distinct workloads of each kind in the data the forest was just trained on."""
+        x = self.x[: self.n_fit]
+        self.kind_counts = np.bincount(kind_index(x), minlength=len(KIND_COLUMNS)).astype(np.float64)
+        wl_rows = np.unique(np.asarray(x, dtype=np.float64)[:, WORKLOAD_COLUMNS], axis=0)
+        self.fit_workloads = {np.ascontiguousarray(r).tobytes() for r in wl_rows}
+        kinds = np.argmax(wl_rows[:, KIND_IN_WORKLOAD], axis=1) if len(wl_rows) else np.zeros(0, np.int64)
+        self.kind_workloads = np.bincount(kinds, minlength=len(KIND_COLUMNS)).astype(np.float64)
 
     # ------------------------------------------------------------ predict
     def predict(self, features: Any) -> np.ndarray:
@@ -479,9 +511,24 @@ class GBDTModel(CostModel):
         return alpha * rank01(raw) + (1.0 - alpha) * rank01(prior)
 
     def correction_weight(self, features: Any) -> np.ndarray:
-        """Per row, ``n / (n + prior_samples)`` for the ``n`` training samples of the row's kind."""
-        n = self.kind_counts[kind_index(check_features(features))]
-        return n / (n + self.prior_samples)
+        """Per row, ``n / (n + prior_samples)`` for the ``n`` training samples of the row's kind; for a row
+        of a workload the forest was not trained on (a transfer), also ``m / (m + transfer_workloads)`` for
+        the ``m`` distinct training workloads of its kind: what a few workloads of a kind taught is a
+        correlated guess about another, which the prior should still outweigh."""
+        x = check_features(features)
+        kinds = kind_index(x)
+        n = self.kind_counts[kinds]
+        w = n / (n + self.prior_samples)
+        if self.transfer_workloads > 0 and len(x):
+            wl_rows, inverse = np.unique(
+                np.asarray(x, dtype=np.float64)[:, WORKLOAD_COLUMNS], axis=0, return_inverse=True
+            )
+            unseen = np.asarray(
+                [np.ascontiguousarray(r).tobytes() not in self.fit_workloads for r in wl_rows]
+            )[inverse.reshape(-1)]
+            m = self.kind_workloads[kinds]
+            w = np.where(unseen, w * m / (m + self.transfer_workloads), w)
+        return w
 
     # --------------------------------------------------------------- save
     def meta(self) -> dict[str, Any]:
@@ -501,6 +548,8 @@ class GBDTModel(CostModel):
             "rank_objective": self.rank_objective,
             "inline_below": self.inline_below,
             "prior_trust": self.prior_trust,
+            "rank_params": self.rank_params,
+            "transfer_workloads": self.transfer_workloads,
             "n_fit": self.n_fit,
             "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
@@ -538,6 +587,8 @@ class GBDTModel(CostModel):
             rank_objective=str(meta.get("rank_objective", "lambdarank")),
             inline_below=int(meta.get("inline_below", 0)),
             prior_trust=float(meta.get("prior_trust", 0.0)),
+            rank_params=dict(meta.get("rank_params") or {}),
+            transfer_workloads=float(meta.get("transfer_workloads", 0.0)),  # off in models saved before it
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))
@@ -549,6 +600,8 @@ class GBDTModel(CostModel):
             sig = np.asarray(arrays["trust_signatures"], dtype=np.float64)
             model.trust = {row.tobytes(): float(v) for row, v in zip(sig, arrays["trust_values"])}
         model.n_fit = int(meta.get("n_fit", 0))
+        if model.forest is not None and model.n_fit:
+            model._count_kinds()
         model.kind_counts = np.asarray(meta.get("kind_counts", [0.0] * len(KIND_COLUMNS)), dtype=np.float64)
         model.fits = int(meta.get("fits", 0))
         model.n_updates = int(meta.get("n_updates", 0))

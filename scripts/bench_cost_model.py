@@ -993,6 +993,8 @@ def _plot_curves(runs, specs, methods, best, path: Path) -> None:
 # previous version's GBDT (regression on the prior's residual), the analytic prior alone, random scores
 HELD_MODELS = {
     "gbdt": ("gbdt", {}),
+    # kiln tune's default before i18-heldout: 150 trees of 15 leaves, no transfer weight
+    "previous": ("gbdt", {"max_iter": 150, "max_leaf_nodes": 15, "transfer_workloads": 0.0}),
     "residual": ("gbdt", {"target": "residual"}),
     "analytic": ("analytic", {}),
     "random": ("random", {}),
@@ -1105,6 +1107,95 @@ def heldout(args: argparse.Namespace) -> None:
                 f"top-1: GBDT {g1['gbdt']:.3f}, analytic {g1['analytic']:.3f}; {len(sel)} workloads, "
                 "one pool each, so no interval)"
             )
+
+
+# ---------------------------------------------------------------------------------- development CV
+# The GBDT variants compared by `devcv` (GBDTModel options; {} is the default). i18-heldout chose the default
+# (40 trees of 10 leaves, transfer_workloads=8) from these on the development workloads alone.
+DEV_VARIANTS = (
+    {"max_iter": 150, "max_leaf_nodes": 15, "transfer_workloads": 0.0},
+    {"max_iter": 150, "max_leaf_nodes": 15},
+    {"max_iter": 60, "max_leaf_nodes": 7, "transfer_workloads": 0.0},
+    {"max_iter": 40, "max_leaf_nodes": 7},
+    {"max_iter": 40, "max_leaf_nodes": 10, "transfer_workloads": 0.0},
+    {},
+    {"transfer_workloads": 4.0},
+    {"transfer_workloads": 16.0},
+    {"max_iter": 100, "max_leaf_nodes": 10},
+    {"max_iter": 100, "max_leaf_nodes": 5},
+    {"rank_objective": "rank_xendcg"},
+    {"center": False},
+)
+
+
+def devcv(args: argparse.Namespace) -> None:
+    """Leave-one-workload-out top-k on the development data only: every measured workload of the cache with
+    at least 16 successful records except the held-out ones (HELDOUT), each scored by models trained on
+    the others minus its twins and minus every held-out workload."""
+    import numpy as np
+
+    from cost_model.dataset import load_dataset
+    from cost_model.evaluate import top_k_score
+    from cost_model.model import create_model
+
+    target = bench_target(args.threads)
+    cache = MeasureCache(args.cache, target)
+    data = load_dataset(cache.db, target.key)
+    fam = families(cache.db)
+    cache.close()
+    wl = np.asarray(data.workloads)
+    held = heldout_keys(target)
+    names = {}
+    for spec in (BENCH + "," + DEV).split(","):
+        names.setdefault(get_task(spec, target).workload_key, spec)
+    dev = [w for w in np.unique(wl) if w not in held and np.isfinite(data.latencies[wl == w]).sum() >= 16]
+    variants = [("analytic", "analytic", {})] + [
+        (json.dumps(v, sort_keys=True) if v else "{} (default)", "gbdt", v) for v in DEV_VARIANTS
+    ]
+    kinds = ("pointwise", "reduction", "contraction")
+    commit = git_commit()
+    print(
+        f"Development workloads ({len(dev)}: every workload of the cache with >= 16 successful records that "
+        "is not held out; named ones are benchmark or development workloads, the others the cold "
+        "benchmarks' tables): "
+        + ", ".join(f"{names.get(w, w[:8])} ({data.kinds[w]})" for w in dev)
+        + ". Each is ranked by a model trained on the other development workloads minus its twins; "
+        "top-k = best latency / best latency among the k highest scores. weighted: TenSet's (by best "
+        "latency); mean: every workload counts once. "
+        f"git {commit[:12]}{'+dirty' if commit.endswith('+dirty') else ''}, "
+        f"cost model code {code_hash(('cost_model',))}, cache {args.cache}.\n"
+    )
+    print(
+        "| model | weighted top-1 | mean top-1 | weighted top-5 | mean top-5 | "
+        + " | ".join(f"{k} top-1 | {k} top-5" for k in kinds)
+        + " |"
+    )
+    print("|---|" + "---:|" * (4 + 2 * len(kinds)))
+    for label, kind, opts in variants:
+        rows = []
+        for w in dev:
+            sel = wl == w
+            train = ~np.isin(wl, list(held)) & ~sel & ~np.isin(wl, [k for k, f in fam.items() if f == fam[w]])
+            model = create_model(kind, seed=0, **opts)
+            model.update(data.x[train], data.latencies[train], list(wl[train]))
+            scores = np.asarray(model.predict(data.x[sel]), dtype=np.float64)
+            lat = data.latencies[sel]
+            rows.append(
+                (
+                    data.kinds[w],
+                    float(np.nanmin(lat)),
+                    top_k_score(scores, lat, 1),
+                    top_k_score(scores, lat, 5),
+                )
+            )
+        cells = []
+        for k in (2, 3):
+            cells.append(sum(r[1] for r in rows) / sum(r[1] / r[k] for r in rows))
+            cells.append(float(np.mean([r[k] for r in rows])))
+        for kd in kinds:
+            for k in (2, 3):
+                cells.append(float(np.mean([r[k] for r in rows if r[0] == kd])))
+        print(f"| {label} | " + " | ".join(f"{c:.3f}" for c in cells) + " |", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- overhead
@@ -1729,8 +1820,11 @@ cache file is named by the hash of the code that measures: `compiler/`, `tuner/m
 `tuner/space.py` and the runner settings). So that seeds can be replayed without measuring, each benchmark
 workload is searched in a sub-space that was measured *whole*: reduction and pointwise spaces entirely
 (48-576 configs), contraction spaces over `mr`, `nr`, `vector` with the other knobs at the sketch's default
-(35-111 valid configs; the full spaces have ~10^5). The goal is the sub-space's true best, known from the
-table. Methods: TPE alone (`--cost-model none`), Optuna random, and TPE with the cost-model filter ranking a
+(35-111 valid configs; the full spaces have ~10^5). convnet:g2 is now scheduled by the conv sketch (v3:
+`method`, `oc_tile`, `ry`, `nr_x`, `vector_x`, `parallel_x`, `pad_at`, `row_tail`), which has none of
+these knobs, so its sub-space is its default alone (1 config): every method needs one trial there. The
+goal is the sub-space's true best, known from the table. Methods: TPE alone (`--cost-model none`), Optuna
+random, and TPE with the cost-model filter ranking a
 pool of 8 candidates per measured one (Optuna's asks plus the filter's own proposals, see
 docs/cost_model.md) by the analytic prior, by random scores (a control for the pool itself), by the GBDT
 starting cold, and by the GBDT warm-started from the cache's other records (minus the workload's twins and
@@ -1870,6 +1964,7 @@ def main() -> None:
     p.add_argument("--resamples", type=int, default=2000)
     h = sub.add_parser("heldout", help="TenSet top-k on the held-out workloads' uniform pools")
     h.add_argument("--heldout", default=HELDOUT_EVAL)
+    sub.add_parser("devcv", help="leave-one-workload-out top-k of GBDT variants on the development data only")
     o = sub.add_parser(
         "overhead", help="real rounds with a database file as kiln tune uses: cost model, Optuna vs measuring"
     )
@@ -1916,6 +2011,7 @@ def main() -> None:
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     commands = {"collect": collect, "run": run, "report": report, "heldout": heldout, "overhead": overhead}
+    commands["devcv"] = devcv
     commands["all"] = run_all
     commands["cold"] = cold
     commands["cold-collect"] = cold_collect

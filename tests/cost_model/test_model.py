@@ -315,3 +315,52 @@ def test_prior_trust_is_learned_per_workload_from_its_measurements(tmp_path):
     learned = model.forest.predict(centered(unseen, np.zeros(4)))
     expected = -unseen[:, EST_INDEX] + model.correction_weight(unseen) * learned
     np.testing.assert_allclose(model.predict(unseen), expected)
+
+
+def _with_workload_columns(x: np.ndarray, wl: list[str], kind: int) -> np.ndarray:
+    """``x`` with the ``wl_*`` columns made one workload summary per workload name, all of one kind."""
+    from cost_model.gbdt import KIND_COLUMNS, WORKLOAD_COLUMNS
+
+    x = x.copy()
+    names = sorted(set(wl))
+    for i, name in enumerate(names):
+        rows = np.asarray(wl) == name
+        x[np.ix_(rows, WORKLOAD_COLUMNS)] = float(i + 1)
+        x[np.ix_(rows, KIND_COLUMNS)] = 0.0
+        x[rows, KIND_COLUMNS[kind]] = 1.0
+    return x
+
+
+def test_transfer_to_an_unseen_workload_is_weighted_by_same_kind_workloads(tmp_path):
+    x, lat, wl = synthetic(3, 40)
+    x = _with_workload_columns(x, wl, kind=2)
+    train = np.asarray(wl) != "w2"
+    model = GBDTModel(seed=0)
+    model.update(x[train], lat[train], list(np.asarray(wl)[train]))
+    seen, unseen = x[:5], x[~train][:5]
+    samples = 80 / (80 + model.prior_samples)  # two trained workloads of 40 samples, all contractions
+    np.testing.assert_allclose(model.correction_weight(seen), samples)
+    np.testing.assert_allclose(model.correction_weight(unseen), samples * 2 / (2 + 8))
+    off = GBDTModel(seed=0, transfer_workloads=0.0)
+    off.update(x[train], lat[train], list(np.asarray(wl)[train]))
+    np.testing.assert_allclose(off.correction_weight(unseen), samples)
+    # the trees are the same: only the weight of their correction on the unseen workload differs
+    np.testing.assert_allclose(model.predict(seen), off.predict(seen))
+    prior = -unseen[:, EST_INDEX].astype(np.float64)
+    np.testing.assert_allclose(model.predict(unseen) - prior, (off.predict(unseen) - prior) * 2 / 10)
+    again = load_model(model.save(tmp_path / "m.npz"))
+    np.testing.assert_allclose(again.predict(unseen), model.predict(unseen))
+    assert again.transfer_workloads == 8.0 and again.fit_workloads == model.fit_workloads
+    with pytest.raises(ValueError, match="transfer_workloads"):
+        GBDTModel(transfer_workloads=-1.0)
+
+
+def test_tree_sizes_default_by_target():
+    assert GBDTModel().params["max_iter"] == 40 and GBDTModel().params["max_leaf_nodes"] == 10
+    residual = GBDTModel(target="residual")
+    assert residual.params["max_iter"] == 150 and residual.params["max_leaf_nodes"] == 15
+    assert GBDTModel(max_iter=7, max_leaf_nodes=3).params == {
+        "max_iter": 7,
+        "learning_rate": 0.1,
+        "max_leaf_nodes": 3,
+    }
