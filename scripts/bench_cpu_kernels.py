@@ -465,7 +465,7 @@ def runtimes_main(args) -> int:
 
 # --pools: one model alone vs the same model with a second Kiln library in the process (see the docstring)
 POOL_WORKLOADS = ["mlp", "rmsnorm", "layernorm", "resblock"]
-POOL_MODES = ("alone", "in turn with B")
+POOL_MODES = ("alone", "in turn with B", "after a round of B")
 # The child: run with a source tree first on sys.path (``before``: ``git archive`` of a ref; ``after``: this
 # checkout), so it only uses what both trees have. Protocol on stdin/stdout, one JSON line each: it prints
 # {"ready": ...} after building and checking, then answers every {"min_time": s, "start": k} line with one
@@ -495,6 +495,10 @@ for who, fn in (("A", fa), ("B", fb)):
             raise SystemExit(f"model {who} of {name}: max error {err:.3g} against the numpy reference")
 
 def one_round(mode, min_time):
+    if mode == "after a round of B":  # what kiln bench does: B's calls back to back, then A's round
+        end = time.perf_counter() + min_time
+        while time.perf_counter() < end:
+            fb()
     samples, end = [], time.perf_counter() + min_time
     while time.perf_counter() < end or len(samples) < 3:
         t0 = time.perf_counter_ns()
@@ -601,15 +605,15 @@ def pools_main(args) -> int:
                     mid = statistics.median(v)
                     fmt = ",.0f" if mid >= 100 else ".1f"
                     row[f"A {mode} us"] = f"{mid:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
-                ratios = [t / a for t, a in zip(per[code][POOL_MODES[1]], per[code][POOL_MODES[0]])]
-                row["in turn / alone"] = (
-                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}..{max(ratios):.2f})"
-                )
+                for mode, col in ((POOL_MODES[1], "in turn / alone"), (POOL_MODES[2], "after B / alone")):
+                    ratios = [t / a for t, a in zip(per[code][mode], per[code][POOL_MODES[0]])]
+                    mid = statistics.median(ratios)
+                    row[col] = f"{mid:.2f}x ({min(ratios):.2f}..{max(ratios):.2f})"
                 row["threads in the process"] = threads[code]
                 rows.append(row)
                 print(row, flush=True)
     load_after = os.getloadavg()
-    columns = ["workload", "code", *(f"A {m} us" for m in POOL_MODES), "in turn / alone"]
+    columns = ["workload", "code", *(f"A {m} us" for m in POOL_MODES), "in turn / alone", "after B / alone"]
     columns.append("threads in the process")
     text = (
         "# Two Kiln models in one process: one model alone vs called in turn with a second one\n\n"
@@ -623,12 +627,15 @@ def pools_main(args) -> int:
         "second library (as a default and a tuned model, or the rules' and the searched plan, are). Both "
         "are checked against the numpy reference, then each round times A's calls (inputs and outputs "
         "bound once) back to back (`alone`; B loaded, idle) and with one call of B after each call of A "
-        "(`in turn with B`, A's calls timed; a process serving two models), the modes in rotated order, "
+        "(`in turn with B`, A's calls timed; a process serving two models) and right after a round of B's "
+        "calls back to back (`after a round of B`: what `kiln bench` and scripts/bench_fusion.py do with a "
+        "default and a tuned model), the modes in rotated order, "
         f"the two codes' processes taking turns ({args.rounds} rounds of {args.min_time} s per mode). "
         "Median over rounds of per-round medians in microseconds, lowest..highest round median in "
-        "brackets; `in turn / alone` is the median of the per-round ratios (1.00x: the second model costs "
-        "A nothing), lowest..highest in brackets. `threads in the process`: the child's threads after the "
-        "run (the main thread, OpenBLAS's, and the pool workers: one per library before, one pool after).\n\n"
+        "brackets; `in turn / alone` and `after B / alone` are medians of the per-round ratios (1.00x: the "
+        "second model costs A nothing), lowest..highest in brackets. `threads in the process`: the child's "
+        "threads after the run (the main thread, OpenBLAS's, and the pool workers: one pool per library "
+        "before, one per process after).\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
     print(text)
