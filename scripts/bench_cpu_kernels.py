@@ -548,6 +548,12 @@ class PoolsChild:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
+    def cpu_seconds(self) -> float:
+        """CPU time the child's threads have used so far (``/proc/PID/stat``: user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def threads(self) -> int:
         """The child's threads now (main thread, pool workers, and what numpy/OpenBLAS started)."""
         return len(os.listdir(f"/proc/{self.proc.pid}/task"))
@@ -572,6 +578,7 @@ def pools_main(args) -> int:
 
     from compiler.target import Target
     from scripts.bench_common import machine_line, markdown_table
+    from tuner.bench.timing import CpuSnapshot, cpu_snapshot, others_cpu
 
     root = Path(__file__).resolve().parent.parent
     before_sha = _git("rev-parse", args.before).strip()
@@ -588,6 +595,7 @@ def pools_main(args) -> int:
         for name in args.workloads or POOL_WORKLOADS:
             children = {code: PoolsChild(tree, name, args.threads) for code, tree in trees.items()}
             per: dict[str, dict[str, list[float]]] = {c: {m: [] for m in POOL_MODES} for c in trees}
+            snap0, mine0 = cpu_snapshot(), sum(c.cpu_seconds() for c in children.values())
             try:
                 for r in range(args.rounds):
                     codes = list(trees) if r % 2 == 0 else list(trees)[::-1]
@@ -595,6 +603,7 @@ def pools_main(args) -> int:
                         for mode, med in children[code].round(args.min_time, start=r).items():
                             per[code][mode].append(med)
                 threads = {code: child.threads() for code, child in children.items()}
+                snap1, mine1 = cpu_snapshot(), sum(c.cpu_seconds() for c in children.values())
             finally:
                 for child in children.values():
                     child.close()
@@ -610,11 +619,14 @@ def pools_main(args) -> int:
                     mid = statistics.median(ratios)
                     row[col] = f"{mid:.2f}x ({min(ratios):.2f}..{max(ratios):.2f})"
                 row["threads in the process"] = threads[code]
+                if snap0 is not None and snap1 is not None:  # this script and its two children are not others
+                    mine = CpuSnapshot(snap1.wall, snap1.busy, snap1.own + mine1 - mine0)
+                    row["others' CPU"] = f"{others_cpu(snap0, mine):.2f}"
                 rows.append(row)
                 print(row, flush=True)
     load_after = os.getloadavg()
     columns = ["workload", "code", *(f"A {m} us" for m in POOL_MODES), "in turn / alone", "after B / alone"]
-    columns.append("threads in the process")
+    columns += ["threads in the process", "others' CPU"]
     text = (
         "# Two Kiln models in one process: one model alone vs called in turn with a second one\n\n"
         f"Machine: {machine_line()} (shared with other users; load average (1 min) {load_before[0]:.1f} "
@@ -635,7 +647,9 @@ def pools_main(args) -> int:
         "brackets; `in turn / alone` and `after B / alone` are medians of the per-round ratios (1.00x: the "
         "second model costs A nothing), lowest..highest in brackets. `threads in the process`: the child's "
         "threads after the run (the main thread, OpenBLAS's, and the pool workers: one pool per library "
-        "before, one per process after).\n\n"
+        "before, one per process after). `others' CPU`: the CPU other processes used while the workload's "
+        "rounds ran (`/proc/stat` less this script and its two processes; in cores' worth, of "
+        f"{os.cpu_count()}: 1.00 is one core kept busy by another engineer's job).\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
     print(text)
