@@ -477,6 +477,7 @@ from compiler.backends.cpu import gcc
 from compiler.build import compile as kiln_compile
 from compiler.frontend.models import get_model
 from compiler.reference import random_inputs, run_reference
+from compiler.runtime.executor import aligned_empty
 
 name, threads = sys.argv[1], int(sys.argv[2])
 graph = get_model(name)
@@ -486,8 +487,9 @@ a, b = kiln_compile(graph, "cpu"), kiln_compile(graph, "cpu")
 b.library = gcc.build(b.source + "\n/* model B: a second library of the same model */\n")
 assert a.library is None or a.library.path != b.library.path
 a.num_threads = b.num_threads = threads
-fa = a.bind(inputs, out=[np.empty_like(r) for r in refs])
-fb = b.bind(inputs, out=[np.empty_like(r) for r in refs])
+# 64-byte aligned outputs, as run() gives (a misaligned one loses the kernels' streaming stores)
+fa = a.bind(inputs, out=[aligned_empty(r.shape, r.dtype) for r in refs])
+fb = b.bind(inputs, out=[aligned_empty(r.shape, r.dtype) for r in refs])
 for who, fn in (("A", fa), ("B", fb)):
     for got, ref in zip(fn(), refs):
         err = float(np.max(np.abs(got - ref)) / max(1.0, float(np.max(np.abs(ref)))))
@@ -637,12 +639,12 @@ def pools_main(args) -> int:
         "that every kernel library calls). For each workload and each code a process of its own builds the "
         "zoo model twice with default schedules: A, and B, the same C with a comment added, so B is a "
         "second library (as a default and a tuned model, or the rules' and the searched plan, are). Both "
-        "are checked against the numpy reference, then each round times A's calls (inputs and outputs "
-        "bound once) back to back (`alone`; B loaded, idle) and with one call of B after each call of A "
-        "(`in turn with B`, A's calls timed; a process serving two models) and right after a round of B's "
-        "calls back to back (`after a round of B`: what `kiln bench` and scripts/bench_fusion.py do with a "
-        "default and a tuned model), the modes in rotated order, "
-        f"the two codes' processes taking turns ({args.rounds} rounds of {args.min_time} s per mode). "
+        "are checked against the numpy reference, then each round times A's calls (inputs and 64-byte "
+        "aligned outputs bound once) back to back (`alone`; B loaded, idle) and with one call of B after "
+        "each call of A (`in turn with B`, A's calls timed; a process serving two models) and right "
+        "after a round of B's calls back to back (`after a round of B`: what `kiln bench` and "
+        "scripts/bench_fusion.py do with a default and a tuned model), the modes in rotated order, the "
+        f"two codes' processes taking turns ({args.rounds} rounds of {args.min_time} s per mode). "
         "Median over rounds of per-round medians in microseconds, lowest..highest round median in "
         "brackets; `in turn / alone` and `after B / alone` are medians of the per-round ratios (1.00x: the "
         "second model costs A nothing), lowest..highest in brackets. `threads in the process`: the child's "
