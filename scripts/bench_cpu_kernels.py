@@ -47,6 +47,15 @@ per-round ratios with their range, and the ratio of mean times per call (a media
 calls of a runtime whose caller waits at a barrier for a descheduled thread):
 
     python scripts/bench_cpu_kernels.py --runtimes --load 1 --out table.md
+
+``--pools`` shows what a second Kiln model in the process costs the first: each zoo model is built twice
+(A, and B: a second library of the same C), and A is timed alone and called in turn with B (A B A B: a
+process serving two models, or a default and a tuned model), in rotated rounds, with the code of a git ref
+(``--before``, default ``main``; exported with ``git archive`` into a temporary folder) and with this
+checkout's, each in a process of its own, the two taking turns
+(benchmarks/cpu_pools.md):
+
+    python scripts/bench_cpu_kernels.py --pools --before main --out benchmarks/cpu_pools.md
 """
 
 from __future__ import annotations
@@ -454,6 +463,203 @@ def runtimes_main(args) -> int:
     return 0
 
 
+# --pools: one model alone vs the same model with a second Kiln library in the process (see the docstring)
+POOL_WORKLOADS = ["mlp", "rmsnorm", "layernorm", "resblock"]
+POOL_MODES = ("alone", "in turn with B", "after a round of B")
+# The child: run with a source tree first on sys.path (``before``: ``git archive`` of a ref; ``after``: this
+# checkout), so it only uses what both trees have. Protocol on stdin/stdout, one JSON line each: it prints
+# {"ready": ...} after building and checking, then answers every {"min_time": s, "start": k} line with one
+# round median per mode (modes in the order rotated by k), and ends on an empty line.
+_POOLS_CHILD = r"""
+import json, os, statistics, sys, time
+import numpy as np
+from compiler.backends.cpu import gcc
+from compiler.build import compile as kiln_compile
+from compiler.frontend.models import get_model
+from compiler.reference import random_inputs, run_reference
+from compiler.runtime.executor import aligned_empty
+
+name, threads = sys.argv[1], int(sys.argv[2])
+graph = get_model(name)
+inputs = random_inputs(graph, seed=0)
+refs = run_reference(graph, inputs)
+a, b = kiln_compile(graph, "cpu"), kiln_compile(graph, "cpu")
+b.library = gcc.build(b.source + "\n/* model B: a second library of the same model */\n")
+assert a.library is None or a.library.path != b.library.path
+a.num_threads = b.num_threads = threads
+# 64-byte aligned outputs, as run() gives (a misaligned one loses the kernels' streaming stores)
+fa = a.bind(inputs, out=[aligned_empty(r.shape, r.dtype) for r in refs])
+fb = b.bind(inputs, out=[aligned_empty(r.shape, r.dtype) for r in refs])
+for who, fn in (("A", fa), ("B", fb)):
+    for got, ref in zip(fn(), refs):
+        err = float(np.max(np.abs(got - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+        if not err <= 1e-3:
+            raise SystemExit(f"model {who} of {name}: max error {err:.3g} against the numpy reference")
+
+def one_round(mode, min_time):
+    if mode == "after a round of B":  # what kiln bench does: B's calls back to back, then A's round
+        end = time.perf_counter() + min_time
+        while time.perf_counter() < end:
+            fb()
+    samples, end = [], time.perf_counter() + min_time
+    while time.perf_counter() < end or len(samples) < 3:
+        t0 = time.perf_counter_ns()
+        fa()
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+        if mode == "in turn with B":
+            fb()
+    return statistics.median(samples)
+
+modes = json.loads(sys.argv[3])
+print(json.dumps({"ready": True, "threads": len(os.listdir("/proc/self/task"))}), flush=True)
+for line in sys.stdin:
+    if not line.strip():
+        break
+    req = json.loads(line)
+    k = req["start"] % len(modes)
+    print(json.dumps({m: one_round(m, req["min_time"]) for m in modes[k:] + modes[:k]}), flush=True)
+"""
+
+
+class PoolsChild:
+    """One ``_POOLS_CHILD`` process running the code of ``tree`` (its own cwd and PYTHONPATH)."""
+
+    def __init__(self, tree: Path, name: str, threads: int) -> None:
+        import json
+        import subprocess
+
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _POOLS_CHILD, name, str(threads), json.dumps(POOL_MODES)],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise SystemExit(f"the {name} process of {tree} failed (exit status {self.proc.returncode})")
+        self.ready = json.loads(line)
+
+    def round(self, min_time: float, start: int) -> dict[str, float]:
+        import json
+
+        self.proc.stdin.write(json.dumps({"min_time": min_time, "start": start}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def cpu_seconds(self) -> float:
+        """CPU time the child's threads have used so far (``/proc/PID/stat``: user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def threads(self) -> int:
+        """The child's threads now (main thread, pool workers, and what numpy/OpenBLAS started)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+
+    def close(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+
+
+def _git(*args: str) -> str:
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
+
+
+def pools_main(args) -> int:
+    """--pools: a model alone vs called in turn with a second Kiln model, main's code vs this checkout's."""
+    import subprocess
+    import tempfile
+
+    from compiler.target import Target
+    from scripts.bench_common import machine_line, markdown_table
+    from tuner.bench.timing import CpuSnapshot, cpu_snapshot, others_cpu
+
+    root = Path(__file__).resolve().parent.parent
+    before_sha = _git("rev-parse", args.before).strip()
+    dirty = "+dirty" if _git("status", "--porcelain").strip() else ""
+    after_sha = _git("rev-parse", "HEAD").strip()[:10] + dirty
+    load_before = os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kiln-before-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", before_sha, "compiler"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        trees = {"before": Path(tmp), "after": root}
+        for name in args.workloads or POOL_WORKLOADS:
+            children = {code: PoolsChild(tree, name, args.threads) for code, tree in trees.items()}
+            per: dict[str, dict[str, list[float]]] = {c: {m: [] for m in POOL_MODES} for c in trees}
+            snap0, mine0 = cpu_snapshot(), sum(c.cpu_seconds() for c in children.values())
+            try:
+                for r in range(args.rounds):
+                    codes = list(trees) if r % 2 == 0 else list(trees)[::-1]
+                    for code in codes:
+                        for mode, med in children[code].round(args.min_time, start=r).items():
+                            per[code][mode].append(med)
+                threads = {code: child.threads() for code, child in children.items()}
+                snap1, mine1 = cpu_snapshot(), sum(c.cpu_seconds() for c in children.values())
+            finally:
+                for child in children.values():
+                    child.close()
+            for code in trees:
+                row = {"workload": name, "code": code}
+                for mode in POOL_MODES:
+                    v = per[code][mode]
+                    mid = statistics.median(v)
+                    fmt = ",.0f" if mid >= 100 else ".1f"
+                    row[f"A {mode} us"] = f"{mid:{fmt}} ({min(v):{fmt}}..{max(v):{fmt}})"
+                for mode, col in ((POOL_MODES[1], "in turn / alone"), (POOL_MODES[2], "after B / alone")):
+                    ratios = [t / a for t, a in zip(per[code][mode], per[code][POOL_MODES[0]])]
+                    mid = statistics.median(ratios)
+                    row[col] = f"{mid:.2f}x ({min(ratios):.2f}..{max(ratios):.2f})"
+                row["threads in the process"] = threads[code]
+                if snap0 is not None and snap1 is not None:  # this script and its two children are not others
+                    mine = CpuSnapshot(snap1.wall, snap1.busy, snap1.own + mine1 - mine0)
+                    row["others' CPU"] = f"{others_cpu(snap0, mine):.2f}"
+                rows.append(row)
+                print(row, flush=True)
+    load_after = os.getloadavg()
+    columns = ["workload", "code", *(f"A {m} us" for m in POOL_MODES), "in turn / alone", "after B / alone"]
+    columns += ["threads in the process", "others' CPU"]
+    text = (
+        "# Two Kiln models in one process: one model alone vs called in turn with a second one\n\n"
+        f"Machine: {machine_line()} (shared with other users; load average (1 min) {load_before[0]:.1f} "
+        f"before, {load_after[0]:.1f} after the run); Kiln target `{Target.host().key}`. "
+        f"`{command_line()}`; {args.threads} threads per model.\n\n"
+        f"`before` is the code of `{args.before}` ({before_sha[:10]}: every kernel library carries a thread "
+        f"pool of its own), `after` this checkout ({after_sha}: one pool per process, a runtime library "
+        "that every kernel library calls). For each workload and each code a process of its own builds the "
+        "zoo model twice with default schedules: A, and B, the same C with a comment added, so B is a "
+        "second library (as a default and a tuned model, or the rules' and the searched plan, are). Both "
+        "are checked against the numpy reference, then each round times A's calls (inputs and 64-byte "
+        "aligned outputs bound once) back to back (`alone`; B loaded, idle) and with one call of B after "
+        "each call of A (`in turn with B`, A's calls timed; a process serving two models) and right "
+        "after a round of B's calls back to back (`after a round of B`: what `kiln bench` and "
+        "scripts/bench_fusion.py do with a default and a tuned model), the modes in rotated order, the "
+        f"two codes' processes taking turns ({args.rounds} rounds of {args.min_time} s per mode). "
+        "Median over rounds of per-round medians in microseconds, lowest..highest round median in "
+        "brackets; `in turn / alone` and `after B / alone` are medians of the per-round ratios (1.00x: the "
+        "second model costs A nothing), lowest..highest in brackets. `threads in the process`: the child's "
+        "threads after the run (the main thread, OpenBLAS's, and the pool workers: one pool per library "
+        "before, one per process after). `others' CPU`: the CPU other processes used while the workload's "
+        "rounds ran (`/proc/stat` less this script and its two processes; in cores' worth, of "
+        f"{os.cpu_count()}: 1.00 is one core kept busy by another engineer's job).\n\n"
+        f"{markdown_table(rows, columns)}\n"
+    )
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="*", default=None, help=f"default {WORKLOADS}")
@@ -475,9 +681,18 @@ def main() -> int:
         help=f"thread pool vs OpenMP vs onnxruntime, quiet and loaded (workloads {RUNTIME_WORKLOADS})",
     )
     ap.add_argument("--load", type=int, default=1, help="--runtimes: busy-loop processes in loaded rounds")
+    ap.add_argument(
+        "--pools",
+        action="store_true",
+        help=f"a model alone vs in turn with a second Kiln model, --before's code vs this checkout's "
+        f"(workloads {POOL_WORKLOADS})",
+    )
+    ap.add_argument("--before", default="main", help="--pools: the git ref of the code to compare with")
     args = ap.parse_args()
     if args.runtimes:
         return runtimes_main(args)
+    if args.pools:
+        return pools_main(args)
     if args.clock == "cpu" and args.threads != 1:
         ap.error(
             f"--clock cpu needs --threads 1 (with {args.threads} threads the work of the other threads is "

@@ -139,6 +139,18 @@ def markdown(run: BenchRun, command: str | None = None) -> str:
             "cores: the machine is shared with other engineers' jobs, so absolute times are noisy; compare "
             "ratios within this run."
         )
+    others = {}
+    for r in run.results:
+        if r.info.get("others_cpu") is not None:
+            others.setdefault(r.workload, r.info["others_cpu"])
+    if others:
+        lines.append("")
+        lines.append(
+            "CPU that other processes used while each workload's rounds ran (/proc/stat less this process, "
+            "in cores' worth: 1.00 is one core kept busy by another job): "
+            + ", ".join(f"`{w}` {v:.2f}" for w, v in others.items())
+            + ". Where it is high, every contender of that workload ran slower than on a quiet machine."
+        )
     c = run.ceilings
     if c and "copy_cache_gbs" not in c:  # a GPU run
         lines += [

@@ -20,7 +20,7 @@ from tuner.bench import ceilings
 from tuner.bench.contenders import BenchContext, Contender, Prepared, PreparedWorkload
 from tuner.bench.results import ERROR, OK, UNAVAILABLE, WRONG, BenchResult, BenchRun
 from tuner.bench.suite import Suite, Workload
-from tuner.bench.timing import interleave, load_average
+from tuner.bench.timing import cpu_snapshot, interleave, load_average, others_cpu
 
 COPY, SGEMM = "ceiling: copy", "ceiling: sgemm"  # timed with the contenders, not contenders themselves
 COMPUTE_BOUND = 10.0  # contraction FLOPs per byte above which a workload is compared with SGEMM
@@ -126,7 +126,7 @@ def run_suite(
             copy = calls[COPY] = ceilings.CopyCeiling(int(pw.bytes), ctx.threads)
             if pw.bytes and pw.contraction_flops / pw.bytes > COMPUTE_BOUND:
                 sgemm = calls[SGEMM] = ceilings.SgemmCeiling(ctx.threads)
-        load0 = load_average()
+        load0, cpu0 = load_average(), cpu_snapshot()
         try:
             timed = interleave(
                 calls, rounds, min_time, clocks={k: p.clock for k, p in prepared.items()}, slowdown=slowdown
@@ -134,7 +134,7 @@ def run_suite(
         finally:
             if copy is not None:
                 copy.close()
-        load1 = load_average()
+        load1, others = load_average(), others_cpu(cpu0, cpu_snapshot())
         for name, t in timed.items():
             if name in results:
                 results[name].rounds_us = t.rounds
@@ -147,6 +147,8 @@ def run_suite(
             )
         for res in results.values():
             res.info.update(load=[load0, load1], graph=pw.graph.name, contraction_flops=pw.contraction_flops)
+            if others is not None:
+                res.info["others_cpu"] = round(others, 3)
         for res in results.values():
             res.info.update(ceiling_info)
         run.results.extend(results.values())

@@ -145,6 +145,44 @@ def interleave(
     return out
 
 
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """What the machine's CPUs had done at one wall time: ``busy`` seconds of all CPUs (``/proc/stat``:
+    everything but idle and iowait) and ``own`` seconds of this process's threads (``os.times``: user +
+    system; its child processes are not counted, so a leftover worker process counts as another job)."""
+
+    wall: float
+    busy: float
+    own: float
+
+
+def cpu_snapshot() -> CpuSnapshot | None:
+    """The machine's and this process's CPU time now (None where there is no ``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    # guest time is already inside user / nice
+    busy = sum(ticks[:8]) - idle
+    t = os.times()
+    return CpuSnapshot(time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), t.user + t.system)
+
+
+def others_cpu(before: CpuSnapshot | None, after: CpuSnapshot | None) -> float | None:
+    """How many CPUs other processes kept busy, on average, between two snapshots (0: nobody else ran;
+    1.0: one core's worth of another job); None without both snapshots or for an empty span. The load
+    average cannot tell this: it lags by a minute and counts this process's own threads."""
+    if before is None or after is None or after.wall <= before.wall:
+        return None
+    other = (after.busy - before.busy) - (after.own - before.own)
+    return max(0.0, other / (after.wall - before.wall))
+
+
 def load_average() -> float | None:
     """The one-minute load average (None where the OS has none)."""
     try:

@@ -24,7 +24,9 @@ the one ctypes call into ``kiln_run``.
 
 A saved CPU model also holds ``model.so``; loading uses it only when it was built on a CPU like this one
 (same target key and features: ``-march=native`` code may not run elsewhere) by the same gcc, and
-otherwise rebuilds ``model.c`` through the kernel cache.
+otherwise rebuilds ``model.c`` through the kernel cache. Its parallel loops call the process's one thread
+pool (:mod:`compiler.backends.cpu.pool`), a runtime library that loading builds into the kernel cache when
+missing and loads first; a ``model.so`` saved before that carries its own pool and still loads.
 """
 
 from __future__ import annotations

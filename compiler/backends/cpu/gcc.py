@@ -17,6 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from compiler.backends.cpu import pool
 from compiler.backends.cpu.codegen import CODEGEN_VERSION, OPENMP_MARK
 from compiler.errors import CompileError
 from compiler.runtime import module_cache
@@ -128,11 +129,40 @@ def errors_by_kernel(source: str, message: str) -> dict[str, str]:
     return {name: error_message(source, "\n".join(lines)) for name, lines in owned.items()}
 
 
+@functools.cache
+def load_pool_runtime() -> Path:
+    """Build (or fetch from the cache) the thread pool's runtime library and load it ``RTLD_GLOBAL``, once
+    per process: every library with parallel loops calls its :data:`~compiler.backends.cpu.pool.ENTRY`, so
+    all of them share one pool (:mod:`compiler.backends.cpu.pool`). It is never unloaded. Returns its path
+    (a worker process loads the same file: :func:`load_runtime_at`)."""
+    path = pool_runtime_path()
+    load_runtime_at(path)
+    return path
+
+
+def pool_runtime_path() -> Path:
+    """The pool runtime library, built into the cache (keyed by the pool's code) when missing."""
+    return compile_source(pool.runtime_source())
+
+
+_runtimes: list[ctypes.CDLL] = []  # loaded pool runtimes, kept (never dlclosed)
+
+
+def load_runtime_at(path: str | Path) -> None:
+    """Load the pool runtime built at ``path`` ``RTLD_GLOBAL`` (what :func:`load_pool_runtime` does in a
+    process that has no build cache of its own, e.g. the tuner's measurement worker)."""
+    try:
+        _runtimes.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
+    except OSError as exc:
+        raise CompileError(f"cannot load the thread pool runtime {path}: {exc}") from exc
+
+
 class KernelLibrary:
-    """A loaded shared object of generated kernels."""
+    """A loaded shared object of generated kernels (the pool runtime is loaded before it)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        load_pool_runtime()
         try:
             self.lib = ctypes.CDLL(str(self.path))
         except OSError as exc:

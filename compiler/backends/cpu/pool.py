@@ -1,8 +1,19 @@
-"""The C thread pool that runs the CPU target's ``parallel`` loops (printed into every library that has one).
+"""The C thread pool that runs the CPU target's ``parallel`` loops: one pool per process.
 
 Generated code outlines each parallel loop into ``static void F(void* ctx, int64_t lo, int64_t hi)`` (the
 loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
-``kiln_parallel_for(F, &ctx, extent)``. Semantics (a static schedule with stealing):
+``kiln_parallel_for(F, &ctx, extent)``. The pool itself is a small runtime library (:data:`POOL_C`, built
+once into the kernel cache, keyed by its code like any library) that
+:func:`compiler.backends.cpu.gcc.load_pool_runtime` loads ``RTLD_GLOBAL`` before any kernel library (the
+tuner's measurement worker loads the same file first). A library with parallel loops carries only
+:data:`CLIENT_C`: its ``kiln_set_num_threads`` and a ``kiln_parallel_for`` that calls the runtime's one
+exported function (:data:`ENTRY`) with the library's thread count. So every model in a process shares one
+set of workers, as every OpenMP region shares libgomp's. (Until issue 17's pool round each library carried
+a pool of its own: a process calling two models in turn, A B A B, had the other model's worker spinning
+its ``SPIN_US`` beside the caller and its own worker on 2 cores: mlp, rmsnorm, layernorm and resblock calls
+took 1.86x, 2.13x, 1.35x and 1.61x as long as alone, 0.98-1.02x with one pool; benchmarks/cpu_pools.md.)
+
+Semantics (a static schedule with stealing):
 
 * the iterations are cut into ``min(extent, CHUNKS_PER_THREAD * threads, 31)`` balanced chunks; thread t of
   the loop (the caller is 0) owns a contiguous range of them and claims its own chunks lowest first, so
@@ -22,14 +33,18 @@ loop over ``[lo, hi)``) plus a context struct of what the body uses, and calls
   millisecond), and while the loop has unclaimed chunks yields and looks again; it sleeps if it cannot
   move. On the loaded 2-core machine the scheduler otherwise kept a worker woken by the caller on the
   caller's CPU;
-* ``threads`` = what ``kiln_set_num_threads(n)`` last set (caller included), else the CPUs of the process's
-  affinity mask. The pool belongs to one library (its state is ``static``), is started lazily by its first
-  parallel loop with ``threads - 1`` workers, and is stopped (workers joined) by the library's destructor,
-  so ``dlclose`` never unmaps code a worker runs;
+* ``threads`` of a loop = what the calling library's ``kiln_set_num_threads(n)`` last set (caller
+  included; each library keeps its own), else the CPUs of the process's affinity mask; the loop uses
+  ``threads - 1`` workers. The pool starts workers lazily (named ``kiln-pool``), as many as the largest
+  ``threads - 1`` asked so far, and keeps them while the process lives (the runtime is never unloaded;
+  its destructor joins them at exit). A kernel library may be ``dlclose``d once its calls have returned:
+  a worker runs a library's code only inside one of its loops, and a loop returns only when every chunk
+  has finished (a late worker's claim fails, below);
 * fork-safe: a ``pthread_atfork`` child handler forgets the parent's workers, and the child starts its own
   on its first parallel loop (the tuner measures in worker processes);
-* a loop entered while another thread is running one on this pool (two Python threads calling the same
-  library) runs serially in its caller; nested parallel loops are printed serial (as with OpenMP);
+* a loop entered while another thread is running one on the pool (two Python threads calling models, the
+  same or different ones) runs serially in its caller; nested parallel loops are printed serial (as with
+  OpenMP);
 * a worker's claim is one compare-and-swap on a 64-bit word ``generation << 32 | bitmask of claimed
   chunks``, so a worker that wakes up late can never run a chunk of a newer loop with an older loop's
   context.
@@ -46,8 +61,11 @@ CHUNKS_PER_THREAD = 4  # chunks per thread: small enough per-chunk overhead, a s
 # the KVM development host): rmsnorm ran at its 1-thread speed. Compare with
 # KILN_POOL_SPIN_US=N python scripts/bench_cpu_kernels.py --runtimes
 SPIN_US = 300
+# the runtime's exported function; the suffix is the calling convention's version (change it when the
+# signature changes, so a library never calls a runtime it was not printed for)
+ENTRY = "kiln_pool_parallel_for_v1"
 
-POOL_C = r"""/* kiln thread pool (compiler/backends/cpu/pool.py) */
+POOL_C = r"""/* kiln thread pool runtime (compiler/backends/cpu/pool.py): one per process */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -68,7 +86,7 @@ typedef void (*kiln_task_fn)(void*, int64_t, int64_t);
 #define KILN_DESCHEDULED_NS 50000L
 
 static struct {
-  int threads;                  /* threads per loop, caller included; 0: not set */
+  int cpus;                     /* threads of a loop that asks for 0: the process's CPUs (0: not read) */
   int started;                  /* workers running */
   int atfork;                   /* child handler registered */
   long spin_ns;
@@ -82,7 +100,7 @@ static struct {
   int64_t extent;
   int chunks, finished;
   int team;                     /* threads that own a range of the current loop: caller + active workers */
-  int active;                   /* workers that take part: threads - 1 */
+  int active;                   /* workers that take part in the current loop: its threads - 1 */
   int caller_cpu;               /* the CPU of the thread that started the current loop */
   uint32_t wake;                /* futex word, bumped for every loop */
   int sleepers, stop, busy;
@@ -226,14 +244,17 @@ static int kiln_pool_default_threads(void) {
   return n > 0 ? (int)n : 1;
 }
 
-/* threads per loop; workers up to threads - 1 started (fewer if the system refuses threads) */
-static int kiln_pool_ready(void) {
-  int threads = __atomic_load_n(&kiln_pool.threads, __ATOMIC_ACQUIRE);
+/* threads of a loop that asks for ``threads`` (0: the process's CPUs); workers up to threads - 1 started
+   (fewer if the system refuses threads). Called by the caller that holds the pool (busy). */
+static int kiln_pool_ready(int threads) {
   if (threads <= 0) {
-    threads = kiln_pool_default_threads();
-    if (threads > KILN_POOL_MAX) threads = KILN_POOL_MAX;
-    __atomic_store_n(&kiln_pool.threads, threads, __ATOMIC_RELEASE);
+    threads = __atomic_load_n(&kiln_pool.cpus, __ATOMIC_RELAXED);
+    if (threads <= 0) {
+      threads = kiln_pool_default_threads();
+      __atomic_store_n(&kiln_pool.cpus, threads, __ATOMIC_RELAXED);
+    }
   }
+  if (threads > KILN_POOL_MAX) threads = KILN_POOL_MAX;
   if (threads - 1 > kiln_pool.started) {
     pthread_mutex_lock(&kiln_pool.lock);
     if (!kiln_pool.atfork) {
@@ -250,6 +271,7 @@ static int kiln_pool_ready(void) {
     while (kiln_pool.started < threads - 1) {
       pthread_t t;
       if (pthread_create(&t, NULL, kiln_pool_worker, (void*)(intptr_t)kiln_pool.started) != 0) break;
+      pthread_setname_np(t, "kiln-pool");  /* what top -H and /proc/PID/task/TID/comm show */
       kiln_pool.workers[kiln_pool.started++] = t;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -260,6 +282,7 @@ static int kiln_pool_ready(void) {
   return workers + 1;
 }
 
+/* at process exit (or if the runtime were ever unloaded): stop and join the workers */
 __attribute__((destructor)) static void kiln_pool_stop(void) {
   if (kiln_pool.started == 0) return;
   __atomic_store_n(&kiln_pool.stop, 1, __ATOMIC_SEQ_CST);
@@ -270,18 +293,15 @@ __attribute__((destructor)) static void kiln_pool_stop(void) {
   __atomic_store_n(&kiln_pool.stop, 0, __ATOMIC_SEQ_CST);
 }
 
-void kiln_set_num_threads(int n) {
-  if (n > 0) __atomic_store_n(&kiln_pool.threads, n < KILN_POOL_MAX ? n : KILN_POOL_MAX, __ATOMIC_RELEASE);
-}
-
-/* not inlined nor cloned: one copy of the pool's code, and each chunk function is compiled once */
-__attribute__((noinline, noclone)) static void kiln_parallel_for(kiln_task_fn fn, void* ctx, int64_t extent) {
+/* the one entry point: run fn over [0, extent) with ``threads`` threads (caller included; 0: the process's
+   CPUs), as the module docstring of compiler/backends/cpu/pool.py says */
+__attribute__((visibility("default"))) void @ENTRY@(kiln_task_fn fn, void* ctx, int64_t extent, int threads) {
   if (extent <= 0) return;
-  if (extent == 1 || __atomic_exchange_n(&kiln_pool.busy, 1, __ATOMIC_ACQUIRE)) {
-    fn(ctx, 0, extent);  /* one iteration, or another thread's loop is running on this pool */
+  if (extent == 1 || threads == 1 || __atomic_exchange_n(&kiln_pool.busy, 1, __ATOMIC_ACQUIRE)) {
+    fn(ctx, 0, extent);  /* one iteration, one thread, or another thread's loop is running on the pool */
     return;
   }
-  int threads = kiln_pool_ready();
+  threads = kiln_pool_ready(threads);
   if (threads <= 1) {
     fn(ctx, 0, extent);
     __atomic_store_n(&kiln_pool.busy, 0, __ATOMIC_RELEASE);
@@ -314,11 +334,31 @@ __attribute__((noinline, noclone)) static void kiln_parallel_for(kiln_task_fn fn
 """
 
 
-def pool_source() -> str:
-    """The pool's C text (self-contained: it must come first in a translation unit, it defines
-    ``_GNU_SOURCE``)."""
-    return POOL_C.replace("@CHUNKS@", str(CHUNKS_PER_THREAD)).replace("@SPIN_US@", str(SPIN_US))
+def runtime_source() -> str:
+    """The C text of the pool's runtime library (built once per process by
+    :func:`compiler.backends.cpu.gcc.load_pool_runtime`; its one exported function is :data:`ENTRY`)."""
+    return (
+        POOL_C.replace("@CHUNKS@", str(CHUNKS_PER_THREAD))
+        .replace("@SPIN_US@", str(SPIN_US))
+        .replace("@ENTRY@", ENTRY)
+    )
 
+
+# printed into each library that has a parallel loop: the library's thread count and the call into the
+# process's one pool (a symbol that the runtime library, loaded RTLD_GLOBAL first, defines)
+CLIENT_C = """\
+/* kiln thread pool client (compiler/backends/cpu/pool.py): the pool is the process's runtime library */
+#include <stdint.h>
+typedef void (*kiln_task_fn)(void*, int64_t, int64_t);
+extern void @ENTRY@(kiln_task_fn fn, void* ctx, int64_t extent, int threads);
+static int kiln_threads;  /* threads of this library's loops, caller included; 0: the process's CPUs */
+void kiln_set_num_threads(int n) {
+  if (n > 0) __atomic_store_n(&kiln_threads, n, __ATOMIC_RELAXED);
+}
+static inline void kiln_parallel_for(kiln_task_fn fn, void* ctx, int64_t extent) {
+  @ENTRY@(fn, ctx, extent, __atomic_load_n(&kiln_threads, __ATOMIC_RELAXED));
+}
+""".replace("@ENTRY@", ENTRY)
 
 SERIAL_C = """\
 /* no parallel loop in this library: kiln_set_num_threads has nothing to set */

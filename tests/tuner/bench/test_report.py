@@ -43,6 +43,9 @@ def test_markdown_report() -> None:
     assert "- `wrong` on `softmax`: wrong_result" in text
     assert "| `softmax` | 1 | 37 | 30 | 10 | 3.7 |" in text  # measured trials, from the database rows
     assert "rotated every round" in text
+    # other processes' CPU during each workload's rounds (measured from /proc/stat, whatever it is here)
+    assert "CPU that other processes used while each workload's rounds ran" in text
+    assert "`softmax` " in text.split("CPU that other processes used")[1]
 
 
 def test_charts(tmp_path: Path) -> None:

@@ -3,7 +3,15 @@ from __future__ import annotations
 import pytest
 
 from compiler.errors import KilnError
-from tuner.bench.timing import ManualClock, interleave, parse_slowdown, rotated_orders
+from tuner.bench.timing import (
+    CpuSnapshot,
+    ManualClock,
+    cpu_snapshot,
+    interleave,
+    others_cpu,
+    parse_slowdown,
+    rotated_orders,
+)
 
 
 def test_parse_slowdown() -> None:
@@ -55,3 +63,22 @@ def test_slowdown_hook_stretches_each_call() -> None:
     )
     assert timed["x"].samples == pytest.approx([1300.0] * len(timed["x"].samples))
     assert timed["y"].samples == pytest.approx([1000.0] * len(timed["y"].samples))
+
+
+def test_others_cpu_is_the_machine_busy_time_less_this_process() -> None:
+    before = CpuSnapshot(wall=10.0, busy=100.0, own=5.0)
+    # in 2 s the CPUs were busy 3.5 s, 1.5 s of it this process's threads: another job kept one core busy
+    assert others_cpu(before, CpuSnapshot(wall=12.0, busy=103.5, own=6.5)) == 1.0
+    assert others_cpu(before, CpuSnapshot(wall=12.0, busy=101.0, own=6.5)) == 0.0  # tick rounding: not < 0
+    assert others_cpu(before, before) is None and others_cpu(None, before) is None
+
+
+def test_cpu_snapshot_counts_this_process_work() -> None:
+    first = cpu_snapshot()
+    if first is None:
+        pytest.skip("no /proc/stat on this OS: the bench reports no other processes' CPU")
+    end = first.own + 0.05
+    while cpu_snapshot().own < end:  # type: ignore[union-attr]
+        pass
+    second = cpu_snapshot()
+    assert second is not None and second.wall > first.wall and second.own >= end and second.busy >= first.busy

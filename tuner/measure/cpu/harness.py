@@ -4,7 +4,8 @@ Timing in C keeps the ctypes call overhead (about a microsecond) out of small ke
 the kernel through a function pointer (every kernel argument is a pointer, so a kernel with ``n``
 arguments is called as ``void (*)(void*, ..., void*)``), so one harness serves every generated library.
 It is built once with the kernel flags and cached on disk like any kernel (``compiler.backends.cpu.gcc``).
-Threads are each kernel library's own (its ``kiln_set_num_threads``, called by the worker).
+Threads are each kernel library's own count (its ``kiln_set_num_threads``, called by the worker), run on
+the worker's one thread pool (the pool runtime, loaded before any kernel library).
 
 Exported functions:
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.backends.cpu import gcc
 from db.status import Status
 from tuner.measure import BuildResult, MeasureInput, RunResult
 from tuner.measure.check import TaskData, signature_problem
@@ -74,7 +75,7 @@ class LocalRunner(WorkerRunner):
             return super().run(inputs, builds)
 
     def _new_worker(self) -> Worker:
-        return Worker(run_worker.main, (str(harness_library()),), "kiln-runner")
+        return Worker(run_worker.main, (str(harness_library()), str(gcc.pool_runtime_path())), "kiln-runner")
 
     def _runnable(self, build: BuildResult) -> bool:
         return bool(build.symbol)

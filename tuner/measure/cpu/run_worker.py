@@ -36,7 +36,10 @@ from tuner.measure.pool import serve
 MAX_LIBRARIES = 16  # libraries kept loaded; older ones are closed
 
 
-def main(conn: Any, harness: str) -> None:
+def main(conn: Any, harness: str, pool_runtime: str) -> None:
+    """Serve requests; ``pool_runtime`` is the thread pool's runtime library, loaded ``RTLD_GLOBAL``
+    before any kernel library (they call into it: one pool for every library this worker loads)."""
+    ctypes.CDLL(pool_runtime, mode=ctypes.RTLD_GLOBAL)
     serve(conn, _RunWorker(harness).handle)
 
 
@@ -136,7 +139,7 @@ class _RunWorker:
             while len(self.libs) >= MAX_LIBRARIES:
                 old_path, old = self.libs.popitem(last=False)
                 self.threads.pop(old_path, None)
-                _dlclose(old)  # the library's destructor stops its thread pool first
+                _dlclose(old)  # no loop of it is running: the pool's workers never run its code again
         self.libs[path] = lib
         fn = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value or 0
         if self.threads.get(path) != threads and hasattr(lib, "kiln_set_num_threads"):

@@ -13,7 +13,7 @@ import pytest
 
 from compiler.backends.cpu import gcc as cbuild
 from compiler.backends.cpu.codegen import generate_c
-from compiler.backends.cpu.pool import pool_source
+from compiler.backends.cpu.pool import CLIENT_C, ENTRY
 from compiler.loopir.expr import Load, Var, cast
 from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, seq
 from compiler.target import Target
@@ -71,7 +71,8 @@ def _expected(name: str, x: np.ndarray) -> np.ndarray:
 def test_outlined_parallel_loops_compute_the_serial_result(threads):
     funcs = _kernels()
     src, lib = build(funcs)
-    assert "#pragma omp" not in src and "kiln_pool_worker" in src
+    # the library calls the process's pool (the runtime library) instead of carrying one
+    assert "#pragma omp" not in src and ENTRY in src and "kiln_pool_worker" not in src
     assert kernel_text(src, "rows").count("kiln_parallel_for(") == 1
     assert kernel_text(src, "outer").count("kiln_parallel_for(") == 1  # inside the serial t loop
     assert kernel_text(src, "two").count("kiln_parallel_for(") == 2  # the nested one is serial
@@ -104,6 +105,15 @@ def test_openmp_runtime_is_still_available():
 # A chunk function whose first caller waits (up to 60 s) until another thread has entered it: meet_run()
 # returns 1 only if a worker claimed a chunk while the caller was holding one.
 _MEET = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+static long kiln_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
 static unsigned long meet_first;
 static int meet_met;
 static void meet(void* ctx, int64_t lo, int64_t hi) {
@@ -181,6 +191,7 @@ def threads(want=None):
     return n
 
 base = threads()
+gcc.load_pool_runtime()  # what every KernelLibrary does first: the libraries below call into it
 meet = ctypes.CDLL(str(gcc.compile_source(_meet_source())))
 meet.order_run.restype = ctypes.c_int64
 meet.kiln_set_num_threads(2)
@@ -219,7 +230,14 @@ def call(lib):
     return y
 
 assert (call(lib) == want).all()
-assert threads(base + 3) == base + 3  # 2 workers more
+assert threads(base + 2) == base + 2  # one pool: 2 workers in all for 3 threads
+
+# a second library (another kernel cache entry) shares the pool: no worker more
+path2 = str(gcc.compile_source(generate_c([f], Target.host()) + "/* another library */\n"))
+lib2 = ctypes.CDLL(path2)
+lib2.kiln_set_num_threads(3)
+assert path2 != path and (call(lib2) == want).all()
+assert threads(base + 2) == base + 2, threads()
 
 pid = os.fork()  # the child has none of the parent's workers: it starts its own
 if pid == 0:
@@ -240,8 +258,18 @@ ts = [threading.Thread(target=hammer) for _ in range(2)]
 [t.join() for t in ts]
 assert not bad
 
-_ctypes.dlclose(lib._handle)  # the destructor joins the workers before the code is unmapped
-assert threads(base + 1) == base + 1, threads()
+def hammer2():  # two libraries called at once from two threads: one pool, the second caller runs serially
+    for _ in range(200):
+        if not (call(lib2) == want).all():
+            bad.append(2)
+ts = [threading.Thread(target=hammer), threading.Thread(target=hammer2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+assert not bad
+
+_ctypes.dlclose(lib._handle)  # its loops are done: the pool's workers never run its code again
+assert threads(base + 2) == base + 2, threads()  # the workers are the runtime's: they stay
+assert (call(lib2) == want).all()
 lib = ctypes.CDLL(path)
 lib.kiln_set_num_threads(2)
 assert (call(lib) == want).all()
@@ -250,11 +278,12 @@ print("ok")
 
 
 def _meet_source() -> str:
-    return pool_source() + _MEET
+    return CLIENT_C + _MEET
 
 
 @pytest.mark.xdist_group("pool_subprocess")
 def test_pool_workers_claim_chunks_and_survive_fork_concurrency_and_dlclose(tmp_path):
+    """One pool per process: libraries share its workers; fork, two callers and dlclose of a library."""
     import os
     from pathlib import Path
 
@@ -271,3 +300,39 @@ def test_pool_workers_claim_chunks_and_survive_fork_concurrency_and_dlclose(tmp_
         env=env,
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+
+
+def _pool_threads() -> int:
+    """Threads of this process that are pool workers (the runtime names them ``kiln-pool``)."""
+    import os
+
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += f.read().strip() == "kiln-pool"
+        except FileNotFoundError:  # a thread that just exited
+            pass
+    return count
+
+
+def test_two_compiled_models_share_the_process_pool():
+    """Two models whose kernels are two libraries start no second pool: the workers are the threads of
+    the larger thread count, whichever model runs (another test may have started more already)."""
+    from compiler.build import compile as kiln_compile
+
+    a, b = kiln_compile("mlp", "cpu"), kiln_compile("mlp", "cpu")  # batch 256: parallel loops
+    b.library = cbuild.build(b.source + "/* a second library of the same model */\n")
+    x = np.random.default_rng(0).standard_normal(a.input_specs[0]["shape"]).astype(np.float32)
+    a.num_threads = b.num_threads = 3
+    want = a.run([x])[0]
+    assert a.library.path != b.library.path and ENTRY in a.source
+    workers = _pool_threads()
+    assert workers >= 2
+    np.testing.assert_array_equal(b.run([x])[0], want)
+    assert _pool_threads() == workers  # b's library calls the same pool
+    b.num_threads, b._run_fn = 4, None  # set again on the next call
+    np.testing.assert_array_equal(b.run([x])[0], want)
+    assert _pool_threads() == max(workers, 3)
+    np.testing.assert_array_equal(a.run([x])[0], want)
+    assert _pool_threads() == max(workers, 3)
