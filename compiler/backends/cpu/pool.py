@@ -41,7 +41,8 @@ Semantics (a static schedule with stealing):
   a worker runs a library's code only inside one of its loops, and a loop returns only when every chunk
   has finished (a late worker's claim fails, below);
 * fork-safe: a ``pthread_atfork`` child handler forgets the parent's workers, and the child starts its own
-  on its first parallel loop (the tuner measures in worker processes);
+  on its first parallel loop (the tuner's measurement workers are spawned, not forked; `kiln bench` and
+  the tests fork);
 * a loop entered while another thread is running one on the pool (two Python threads calling models, the
   same or different ones) runs serially in its caller; nested parallel loops are printed serial (as with
   OpenMP);
