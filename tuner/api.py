@@ -594,9 +594,8 @@ def _confirm_printer(
             text = f"{speedup_text(outcome)} over default"
             if not outcome.better:
                 text += ": not faster, compile keeps the default"
-        print(
-            f"confirm {task.name} ({rounds} interleaved rounds): {text}", file=file or sys.stdout, flush=True
-        )
+        n = outcome.rounds if isinstance(outcome, Confirmation) else rounds
+        print(f"confirm {task.name} ({n} interleaved rounds): {text}", file=file or sys.stdout, flush=True)
 
     return show
 

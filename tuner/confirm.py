@@ -4,9 +4,11 @@ interleaved, and the confirmation is stored beside the records (see :mod:`db.con
 Why: a record's median comes from one measurement taken whenever the search reached it, and the default is
 measured once, first. Under load one default measured 11,944 us instead of 269 us and gave a stored
 "16.96x over default"; tuned kernels slower than their default reached compiled models. A confirmation runs
-``rounds`` rounds; each is one full measurement of the best candidate and the default through the same
-measurer, back to back, the order alternating between rounds (best first in even rounds). The speed-up is
-the median of the per-round ratios, its spread half their range.
+``rounds`` rounds; each is one full measurement (check and timing) of the best candidate and the default
+through the same measurer, back to back, the order alternating between rounds (best first in even rounds);
+both are compiled once, before the first round. The speed-up is the median of the per-round ratios, its
+spread half their range. When that leaves the side of 1 open (the median within the spread of 1, as on a
+loaded machine), up to ``rounds`` more rounds are measured and the decision is taken on all of them.
 
 What depends on it:
 
@@ -20,6 +22,7 @@ What depends on it:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,23 +66,65 @@ class ConfirmFailure:
 
 
 def measure_rounds(
-    task: Task, config: Config, measurer: Any, rounds: int = DEFAULT_ROUNDS
+    task: Task,
+    config: Config,
+    measurer: Any,
+    rounds: int = DEFAULT_ROUNDS,
+    max_rounds: int | None = None,
 ) -> tuple[list[float], list[float]] | str:
     """Measure ``config`` and the task's default in ``rounds`` interleaved rounds through ``measurer``;
-    return (best medians, default medians) per round, or the error of the first round that failed."""
-    from tuner.measure import MeasureInput
+    return (best medians, default medians) per round, or the error of the first round that failed.
 
-    default = task.default()
+    A measurer with ``measure_rounds`` (:class:`~tuner.measure.Measurer`) builds both once and times them
+    round after round; any other is called once per round. When the rounds leave the answer open (the
+    median ratio is within the rounds' spread of 1: a loaded machine), ``rounds`` more are measured, up to
+    ``max_rounds`` in all (default ``2 * rounds``), and the decision is taken on all of them."""
+    limit = max(rounds, max_rounds if max_rounds is not None else 2 * rounds)
     best_rounds: list[float] = []
     default_rounds: list[float] = []
-    for i in range(rounds):
-        best_first = i % 2 == 0
-        pair = [MeasureInput(task, dict(config)), MeasureInput(task, dict(default))]
-        results = measurer.measure(pair if best_first else pair[::-1])
-        best, dflt = results if best_first else results[::-1]
+    while len(best_rounds) < limit:
+        n = rounds if not best_rounds else min(rounds, limit - len(best_rounds))
+        got = _rounds(task, config, measurer, n, start=len(best_rounds))
+        if isinstance(got, str):
+            return got
+        best_rounds += got[0]
+        default_rounds += got[1]
+        if _decided(best_rounds, default_rounds):
+            break
+    return best_rounds, default_rounds
+
+
+def _decided(best_rounds: list[float], default_rounds: list[float]) -> bool:
+    """Whether the per-round ratios (default / best) say on which side of 1 the speed-up is: their median's
+    distance from 1 is more than half their range."""
+    ratios = sorted(d / b for b, d in zip(best_rounds, default_rounds))
+    median = statistics.median(ratios)
+    return abs(median - 1.0) > (ratios[-1] - ratios[0]) / 2
+
+
+def _rounds(
+    task: Task, config: Config, measurer: Any, rounds: int, start: int = 0
+) -> tuple[list[float], list[float]] | str:
+    """``rounds`` interleaved rounds (numbered from ``start``: the best candidate first in even rounds)."""
+    from tuner.measure import MeasureInput
+
+    pair = [MeasureInput(task, dict(config)), MeasureInput(task, task.default())]
+    flip = start % 2 == 1  # the measurer alternates from its own first round; keep the global alternation
+    if hasattr(measurer, "measure_rounds"):
+        per_round = measurer.measure_rounds(pair[::-1] if flip else pair, rounds)
+        per_round = [r[::-1] if flip else r for r in per_round]
+    else:
+        per_round = []
+        for i in range(rounds):
+            best_first = (start + i) % 2 == 0
+            results = measurer.measure(pair if best_first else pair[::-1])
+            per_round.append(results if best_first else results[::-1])
+    best_rounds: list[float] = []
+    default_rounds: list[float] = []
+    for i, (best, dflt) in enumerate(per_round):
         for name, r in (("the best candidate", best), ("the default", dflt)):
             if r.status != Status.OK or r.median_us is None or r.median_us <= 0:
-                return f"round {i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
+                return f"round {start + i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
         best_rounds.append(float(best.median_us))
         default_rounds.append(float(dflt.median_us))
     return best_rounds, default_rounds
@@ -91,6 +136,7 @@ def confirm_tasks(
     measurer: Any,
     *,
     rounds: int = DEFAULT_ROUNDS,
+    max_rounds: int | None = None,
     run_id: int | None = None,
     on_task: Callable[[Task, Confirmation | ConfirmFailure | None], None] | None = None,
 ) -> tuple[dict[str, Confirmation], list[ConfirmFailure]]:
@@ -121,7 +167,7 @@ def confirm_tasks(
             if on_task is not None:
                 on_task(task, known)
             continue
-        measured = measure_rounds(task, config, measurer, rounds)
+        measured = measure_rounds(task, config, measurer, rounds, max_rounds)
         if isinstance(measured, str):
             failure = ConfirmFailure(task, measured)
             failures.append(failure)

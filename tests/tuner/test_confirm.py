@@ -84,6 +84,48 @@ def test_rounds_alternate_which_config_runs_first() -> None:
     assert "round 1: the default measured runtime_error" in measure_rounds(task, best, failing)
 
 
+def test_confirmation_rounds_build_both_configs_once() -> None:
+    task = _task()
+    best = _other(task)
+    builder = SimulatedBuilder()
+    runner = SimulatedRunner({config_json(best): 200.0, config_json(task.default()): 300.0})
+    best_rounds, default_rounds = measure_rounds(task, best, Measurer(builder, runner), rounds=5)
+    assert len(best_rounds) == len(default_rounds) == 5 and len(runner.history) == 10
+    assert len(builder.built) == 2  # not once per round
+
+
+class Alternating:
+    """Round-to-round noise: the candidate measures 100 and 106 us in turn, the default 102 us, so five
+    rounds leave the side of 1 open (ratios 1.02 and 0.96); from the sixth measurement on the candidate
+    measures 98 us."""
+
+    def __init__(self, best: dict) -> None:
+        self.best_key, self.calls = config_json(best), 0
+
+    def __call__(self, task, config) -> float:
+        if config_json(config) != self.best_key:
+            return 102.0
+        self.calls += 1
+        if self.calls > 5:
+            return 98.0
+        return 100.0 if self.calls % 2 else 106.0
+
+
+def test_an_open_confirmation_measures_more_rounds_and_keeps_the_alternation() -> None:
+    task = _task()
+    best = _other(task)
+    measurer, runner = _measurer(Alternating(best))
+    best_rounds, default_rounds = measure_rounds(task, best, measurer, rounds=5)
+    assert best_rounds == [100.0, 106.0, 100.0, 106.0, 100.0, 98.0, 98.0, 98.0, 98.0, 98.0]
+    assert default_rounds == [102.0] * 10
+    order = ["best" if c == config_json(best) else "default" for _, c in runner.history]
+    assert order == ["best", "default", "default", "best"] * 5
+    clear, _ = _measurer({config_json(best): 200.0, config_json(task.default()): 300.0})
+    assert len(measure_rounds(task, best, clear, rounds=5)[0]) == 5  # decided: no more rounds
+    capped, _ = _measurer(Alternating(best))
+    assert len(measure_rounds(task, best, capped, rounds=5, max_rounds=7)[0]) == 7
+
+
 def test_a_noisy_default_gives_a_confirmed_speedup_not_the_stored_one(url: str) -> None:
     task = _task()
     timings = LoadedMachine(task.default(), 200.0, 200.0)
