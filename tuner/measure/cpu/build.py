@@ -1,11 +1,15 @@
 """LocalBuilder of cpu targets: check, schedule, lower, generate C and compile candidates in a pool of
 worker processes.
 
-Throughput: gcc dominates, and a gcc call has a fixed cost (process start, the math prelude) of about
-60 ms, so the candidates of a batch are compiled together: the valid ones are cut into chunks of at most
-``max_batch`` (at least one chunk per worker), each worker schedules, lowers and prints its chunk as ONE
-translation unit (kernels ``cand<i>``) through the cpu backend and runs ONE gcc on it
-(:func:`compiler.backends.cpu.gcc.compile_to`). When gcc fails, the kernels that own its error lines
+Throughput: the valid candidates are cut into chunks of at most ``max_batch`` (at least one chunk per
+worker), each worker schedules, lowers and prints its chunk as ONE translation unit (kernels ``cand<i>``)
+through the cpu backend and runs ONE gcc on it (:func:`compiler.backends.cpu.gcc.compile_to`). The default
+``max_batch`` is 1, one candidate per gcc: a gcc call's fixed cost (process start, the math prelude) is
+50-150 ms, but some candidates (scalar code with large register tiles: ``vector=1``, ``nr=64``) take gcc
+more than the timeout, and in a chunk such a candidate costs the chunk's timeout (``timeout_s`` per
+kernel) and then its own again when the chunk is retried one by one — about 90 s instead of 30 for a
+chunk of two; about one candidate in 200 of the ONNX nets' search did that. Single jobs also balance the
+workers (compile times differ by 10x). When gcc fails, the kernels that own its error lines
 (:func:`compiler.backends.cpu.gcc.errors_by_kernel`) get ``compile_error`` with their own lines and the rest
 are compiled again; when the errors cannot be attributed (the prelude, the glue, a timeout), the candidates
 are compiled one by one, so a bad candidate never sinks the others.
@@ -46,8 +50,9 @@ class LocalBuilder(PoolBuilder):
 
     A batch is cut into at least ``chunks_per_worker`` chunks per worker (smaller chunks balance the
     workers better: compile times of candidates differ by 10x; each chunk costs one more gcc start) and
-    chunks hold at most ``max_batch`` kernels. ``codegen`` replaces the cpu backend's ``codegen`` (a
-    picklable module-level function ``(funcs, target) -> C source``; tests use it to inject invalid C)."""
+    chunks hold at most ``max_batch`` kernels (default 1: see the module docstring). ``codegen`` replaces
+    the cpu backend's ``codegen`` (a picklable module-level function ``(funcs, target) -> C source``;
+    tests use it to inject invalid C)."""
 
     kind = "cpu"
 
@@ -55,7 +60,7 @@ class LocalBuilder(PoolBuilder):
         self,
         workers: int | None = None,
         timeout_s: float = 30.0,
-        max_batch: int = 8,
+        max_batch: int = 1,
         chunks_per_worker: int = 2,
         codegen: Codegen | None = None,
         work_dir: str | Path | None = None,
