@@ -108,14 +108,13 @@ class _Scan:
         return None
 
     def expr(self, e: Expr, ranges: dict[Var, tuple[int, int]]) -> str | None:
-        memo: dict[int, tuple[int, int] | None] = {}  # every node's bounds once (walk is pre-order)
         for x in walk(e):
             if isinstance(x, Load):
                 why = self.access(x.buffer, x.indices, ranges)
                 if why:
                     return why
-            elif _is_int(x.dtype) and not _fits(r := simp.bound(x, ranges, memo)):
-                return f"kernel '{self.name}': the index expression {x} can reach {r}"
+            elif _is_int(x.dtype) and not _fits(simp.bound(x, ranges)):
+                return f"kernel '{self.name}': the index expression {x} can reach {simp.bound(x, ranges)}"
         return None
 
     def access(
@@ -127,10 +126,12 @@ class _Scan:
             return None  # the printer reports the rank mismatch
         raw = simp.flat_expr(buf, indices)
         for flat in (raw, simp.simplify(raw, ranges)):
-            memo: dict[int, tuple[int, int] | None] = {}  # every node's bounds once (walk is pre-order)
             for x in walk(flat):
                 if isinstance(x, Load):
                     continue  # a gather's ids: checked as their own access
-                if _is_int(x.dtype) and not _fits(r := simp.bound(x, ranges, memo)):
-                    return f"kernel '{self.name}': an index of buffer '{buf.name}' ({x}) can reach {r}"
+                if _is_int(x.dtype) and not _fits(simp.bound(x, ranges)):
+                    return (
+                        f"kernel '{self.name}': an index of buffer '{buf.name}' ({x}) can reach "
+                        f"{simp.bound(x, ranges)}"
+                    )
         return None

@@ -84,27 +84,14 @@ def _atom(e: Expr) -> Affine:
     return Affine({key(e): (e, 1)}, 0, e.dtype)
 
 
-def bound(e: Expr, ranges: Ranges, memo: dict[int, Range | None] | None = None) -> Range | None:
-    """Inclusive integer bounds of ``e`` for variables in ``ranges`` (None when unbounded).
-
-    ``memo`` (by ``id`` of the sub-expression; valid while those expressions live and ``ranges`` stays the
-    same) keeps every sub-expression's bounds, so bounding each node of a tree costs one visit, not one per
-    ancestor."""
-    if memo is None:
-        return _bound(e, ranges, None)
-    k = id(e)
-    if k not in memo:
-        memo[k] = _bound(e, ranges, memo)
-    return memo[k]
-
-
-def _bound(e: Expr, ranges: Ranges, memo: dict[int, Range | None] | None) -> Range | None:
+def bound(e: Expr, ranges: Ranges) -> Range | None:
+    """Inclusive integer bounds of ``e`` for variables in ``ranges`` (None when unbounded)."""
     if isinstance(e, Const):
         return (int(e.value), int(e.value))
     if isinstance(e, Var):
         return ranges.get(e)
     if isinstance(e, Binary):
-        a, b = bound(e.a, ranges, memo), bound(e.b, ranges, memo)
+        a, b = bound(e.a, ranges), bound(e.b, ranges)
         if a is None or b is None:
             return None
         if e.op == "+":
@@ -127,12 +114,12 @@ def _bound(e: Expr, ranges: Ranges, memo: dict[int, Range | None] | None) -> Ran
             return (max(a[0], b[0]), max(a[1], b[1]))
         return None
     if isinstance(e, Select):
-        t, f = bound(e.t, ranges, memo), bound(e.f, ranges, memo)
+        t, f = bound(e.t, ranges), bound(e.f, ranges)
         if t is None or f is None:
             return None
         return (min(t[0], f[0]), max(t[1], f[1]))
     if isinstance(e, Cast) and dtypes.is_int(e.dtype) and dtypes.is_int(e.value.dtype):
-        return bound(e.value, ranges, memo)
+        return bound(e.value, ranges)
     return None
 
 
