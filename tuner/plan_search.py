@@ -470,11 +470,18 @@ class PlanSearch:
             return 0
         samples: dict[tuple[str, str], list[float]] = {}
         n = 0
-        for r in range(rounds):
-            order = todo[r % len(todo) :] + todo[: r % len(todo)]
-            results = measurer.measure([MeasureInput(t, c) for t, c in order])
+        inputs = [MeasureInput(t, c) for t, c in todo]
+        if hasattr(measurer, "measure_rounds"):  # built once, then round r starts at the r-th candidate
+            per_round = measurer.measure_rounds(inputs, rounds, rotate=True)
+        else:
+            per_round = []
+            for r in range(rounds):
+                k = r % len(todo)
+                got = measurer.measure(inputs[k:] + inputs[:k])
+                per_round.append(got[len(todo) - k :] + got[: len(todo) - k])
+        for results in per_round:
             recs = []
-            for (t, c), res in zip(order, results):
+            for (t, c), res in zip(todo, results):
                 recs.append(
                     RecordIn(
                         t.workload_key,

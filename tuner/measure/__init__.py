@@ -290,12 +290,15 @@ class Measurer:
         """Build, check and time every candidate; see the class docstring."""
         return self.measure_rounds(inputs, 1)[0]
 
-    def measure_rounds(self, inputs: Sequence[MeasureInput], rounds: int) -> list[list[MeasureResult]]:
+    def measure_rounds(
+        self, inputs: Sequence[MeasureInput], rounds: int, rotate: bool = False
+    ) -> list[list[MeasureResult]]:
         """Build every candidate once, then run (check and time) all of them ``rounds`` times, one round
         after the other, in input order in even rounds and in reverse order in odd ones (an interleaved
-        re-measurement, :mod:`tuner.confirm`); returns each round's results in input order. A candidate
-        that failed to build has that result in every round. Compared with ``rounds`` calls of
-        :meth:`measure`, nothing is compiled again between rounds."""
+        re-measurement, :mod:`tuner.confirm`), or, with ``rotate``, round ``r`` starting at the ``r``-th
+        candidate; returns each round's results in input order. A candidate that failed to build has that
+        result in every round. Compared with ``rounds`` calls of :meth:`measure`, nothing is compiled again
+        between rounds."""
         inputs = list(inputs)
         keys = [_key(inp, i) for i, inp in enumerate(inputs)]
         first: dict[Any, int] = {}
@@ -309,7 +312,11 @@ class Measurer:
         out: list[list[MeasureResult]] = []
         try:
             for r in range(max(1, rounds)):
-                order = list(range(len(todo))) if r % 2 == 0 else list(range(len(todo)))[::-1]
+                order = list(range(len(todo)))
+                if rotate:
+                    order = order[r % len(todo) :] + order[: r % len(todo)]
+                elif r % 2 == 1:
+                    order.reverse()
                 t1 = time.perf_counter()
                 ran = self._run([todo[j] for j in order], [builds[j] for j in order])
                 self.stats.run_wall_s += time.perf_counter() - t1
