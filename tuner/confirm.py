@@ -7,15 +7,18 @@ measured once, first. Under load one default measured 11,944 us instead of 269 u
 ``rounds`` rounds; each is one full measurement (check and timing) of the best candidate and the default
 through the same measurer, back to back, the order alternating between rounds (best first in even rounds);
 both are compiled once, before the first round. The speed-up is the median of the per-round ratios, its
-spread half their range. When that leaves the side of 1 open (the median within the spread of 1, as on a
-loaded machine), up to ``rounds`` more rounds are measured and the decision is taken on all of them.
+spread half their range. The candidate is confirmed better when that median AND the ratio of the two
+configs' fastest rounds are both above 1 (:attr:`db.records.Confirmation.better`: load only slows a kernel
+down, so a config's fastest round is its least disturbed one). When the rounds leave the side of 1 open
+(the median within the spread of 1, or the two ratios on different sides, as on a loaded machine), up to
+``rounds`` more rounds are measured and the decision is taken on all of them.
 
 What depends on it:
 
 - ``kiln tune`` prints every "x over default" from the confirmation, with its spread (``1.42x (±3%)``),
   and says ``unconfirmed`` where there is none yet (the live display during the search, an interrupted run);
 - compile (:func:`tuner.records.database_config_source`) applies a record only when its config was not
-  confirmed *not* better than the default: a confirmed speed-up of at most 1.0 keeps the default schedule
+  confirmed *not* better than the default: a confirmation that is not better keeps the default schedule
   (and says so in the compile report); a record without a confirmation (older databases, interrupted runs)
   is applied as before and reported as unconfirmed.
 """
@@ -38,11 +41,14 @@ DEFAULT_ROUNDS = 5
 
 def speedup_text(conf: Confirmation | None, is_default: bool = False) -> str:
     """``1.42x (±3%)`` from a confirmation, ``default`` when the best config is the default itself, or
-    ``unconfirmed``."""
+    ``unconfirmed``; a paired median above 1 that the fastest rounds contradict (not confirmed better, see
+    :class:`~db.records.Confirmation`) says so: ``1.36x (±73%; fastest rounds 0.91x)``."""
     if is_default:
         return "default"
     if conf is None:
         return "unconfirmed"
+    if conf.speedup > 1.0 and not conf.better:
+        return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%; fastest rounds {conf.fastest_ratio:.2f}x)"
     return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%)"
 
 
@@ -95,11 +101,13 @@ def measure_rounds(
 
 
 def _decided(best_rounds: list[float], default_rounds: list[float]) -> bool:
-    """Whether the per-round ratios (default / best) say on which side of 1 the speed-up is: their median's
-    distance from 1 is more than half their range."""
+    """Whether the rounds say on which side of 1 the speed-up is: the median of the per-round ratios
+    (default / best) is farther from 1 than half their range, and the ratio of the two configs' fastest
+    rounds is on the same side (see :attr:`~db.records.Confirmation.better`)."""
     ratios = sorted(d / b for b, d in zip(best_rounds, default_rounds))
     median = statistics.median(ratios)
-    return abs(median - 1.0) > (ratios[-1] - ratios[0]) / 2
+    fastest = min(default_rounds) / min(best_rounds)
+    return abs(median - 1.0) > (ratios[-1] - ratios[0]) / 2 and (median > 1.0) == (fastest > 1.0)
 
 
 def _rounds(

@@ -167,6 +167,42 @@ def test_a_record_confirmed_slower_than_the_default_is_not_compiled_in(url: str,
     assert "default schedule kept: g0_reduce_max (record confirmed 0.67x (±0%) of the default" in out.stdout
 
 
+class Disturbed:
+    """Confirmation rounds measured under load 7-9 on 2 cores (an encoder-layer matmul and its default):
+    the paired per-round ratios have a median of 1.36, but the candidate's fastest round (129.3 us) is
+    slower than the default's (117.7 us). The search measured every config once at 100 us."""
+
+    BEST = [129.3, 267.1, 130.5, 745.0, 129.7]
+    DEFAULT = [176.1, 511.0, 341.4, 461.5, 117.7]
+
+    def __init__(self, default: dict) -> None:
+        self.default_key = config_json(default)
+        self.seen: Counter[str] = Counter()
+
+    def __call__(self, task, config) -> float:
+        key = config_json(config)
+        self.seen[key] += 1
+        if self.seen[key] == 1:
+            return 100.0 if key != self.default_key else 150.0
+        rounds = self.DEFAULT if key == self.default_key else self.BEST
+        return rounds[(self.seen[key] - 2) % len(rounds)]
+
+
+def test_a_paired_median_contradicted_by_the_fastest_rounds_keeps_the_default(url: str) -> None:
+    task = _task()
+    measurer, _ = _measurer(Disturbed(task.default()))
+    summary = tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
+    (result,) = summary.tasks
+    conf = summary.confirmation(result)
+    assert result.best_config != task.default() and conf is not None
+    assert conf.rounds == 10  # the first five left it open: five more
+    assert conf.speedup == pytest.approx(1.36, abs=0.01) and not conf.better
+    assert conf.fastest_ratio == pytest.approx(117.7 / 129.3)
+    assert summary.speedup_text(result) == "1.36x (±73%; fastest rounds 0.91x)"
+    (kernel,) = tuner.compile("softmax", "cpu", db=url).kernels
+    assert kernel.extra["origin"] == "default" and kernel.config == task.default()
+
+
 def test_kiln_bench_tuned_runs_a_kernel_whose_record_kept_the_default(url: str) -> None:
     """`kiln bench`'s "kiln tuned" contender times what compile builds: a kernel whose record was confirmed
     not faster runs the default schedule (and says so), it is not an error."""
