@@ -86,13 +86,13 @@ def test_gcc_error_in_a_batch_spares_the_others(task):
     inputs = [MeasureInput(task, cfg("none")), MeasureInput(task, cfg("compile_error")),
               MeasureInput(task, cfg("none", 1, "outer"))]  # fmt: skip
     # one worker, one chunk: all three in one translation unit
-    with LocalBuilder(workers=1, chunks_per_worker=1, max_batch=8, codegen=fault_codegen) as b:
+    with LocalBuilder(workers=1, chunks_per_worker=1, codegen=fault_codegen) as b:
         res = b.build(inputs)
         assert [r.status for r in res] == [Status.OK, Status.COMPILE_ERROR, Status.OK]
         assert res[0].artifact == res[2].artifact  # the good ones were compiled together again
         assert "this" in res[1].error
     # errors gcc reports outside every kernel: the candidates are compiled one by one
-    with LocalBuilder(workers=1, chunks_per_worker=1, max_batch=8, codegen=fault_codegen_prelude) as b:
+    with LocalBuilder(workers=1, chunks_per_worker=1, codegen=fault_codegen_prelude) as b:
         res = b.build(inputs)
         assert [r.status for r in res] == [Status.OK, Status.COMPILE_ERROR, Status.OK]
         assert res[0].artifact != res[2].artifact and Path(res[0].artifact).exists()

@@ -1,7 +1,7 @@
 """Measuring candidates of cpu targets on this machine: the ``local`` builder and runner of the cpu kind.
 
 - :class:`~tuner.measure.cpu.build.LocalBuilder` (``build.py``): checks, schedules, lowers and prints
-  candidates in a pool of worker processes and compiles each chunk (default: one candidate) with one gcc call
+  candidates in a pool of worker processes and compiles each chunk with one gcc call
   (:func:`compiler.backends.cpu.gcc.compile_to`), blaming gcc's errors on the candidates that own them;
 - :class:`~tuner.measure.cpu.run.LocalRunner` (``run.py``): verifies each candidate against the numpy
   reference and times it in an isolated worker process (``run_worker.py``) through a C timing harness
