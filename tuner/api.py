@@ -164,6 +164,7 @@ class TuneSummary:
         best, default = result.best_config, result.task.default()
         is_default = best is not None and config_json(best) == config_json(default)
         return speedup_text(self.confirmation(result), is_default)
+
     plans: list[PlanOutcome] = field(default_factory=list)  # fusion-plan search: one per searched region
 
     def to_json(self) -> dict[str, Any]:
@@ -521,8 +522,15 @@ def tune(
                     plans.append(found)
             if not interrupted and confirm_rounds > 0:
                 try:
+                    # every group tuned, the groups only a searched fusion plan makes included (compile
+                    # applies their records too), each refreshed first: the plans' re-measurements were
+                    # committed after the search, and compile applies the best record of the database
+                    every = {t.task.workload_key: t for t in [*tuners, *group_tuners.values()]}
+                    confirming = list(every.values())
+                    for t in confirming:
+                        t.refresh()
                     confirmed, failures = confirm_tasks(
-                        [(t.task, t.state.best_config) for t in tuners],
+                        [(t.task, t.state.best_config) for t in confirming],
                         database,
                         measurer,
                         rounds=confirm_rounds,
