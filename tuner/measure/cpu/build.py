@@ -10,7 +10,7 @@ translation unit (kernels ``cand<i>``) through the cpu backend and runs ONE gcc 
 are compiled again; when the errors cannot be attributed (the prelude, the glue, a timeout), the candidates
 are compiled one by one, so a bad candidate never sinks the others. gcc gets ``timeout_s`` for a whole
 chunk (a chunk of normal candidates compiles in a few seconds): a candidate that takes gcc past it (about
-one in 200 of the ONNX nets' search: scalar code with large register tiles) costs the chunk's timeout and
+one in 300-500 in the ONNX nets' search: scalar code with large register tiles) costs the chunk's timeout and
 then its own, 2 x ``timeout_s`` instead of (k + 1) x; gcc's whole process group is killed each time.
 Chunks of 2 compile 8 candidates in ~30% less gcc time than 8 single calls (50-150 ms of fixed cost per
 call), which outweighs the extra timeout of the rare slow candidate.
