@@ -522,11 +522,12 @@ def tune(
                     plans.append(found)
             if not interrupted and confirm_rounds > 0:
                 try:
-                    # every group tuned, the groups only a searched fusion plan makes included (compile
-                    # applies their records too), each refreshed first: the plans' re-measurements were
-                    # committed after the search, and compile applies the best record of the database
-                    every = {t.task.workload_key: t for t in [*tuners, *group_tuners.values()]}
-                    confirming = list(every.values())
+                    # every task, and the groups only a stored fusion plan makes (compile applies their
+                    # records too), each refreshed first: the plans' re-measurements were committed after
+                    # the search, and compile applies the best record of the database
+                    planned = {k for p in plans for k in p.workloads}
+                    extra = [t for k, t in group_tuners.items() if k in planned]
+                    confirming = list({t.task.workload_key: t for t in [*tuners, *extra]}.values())
                     for t in confirming:
                         t.refresh()
                     confirmed, failures = confirm_tasks(

@@ -528,7 +528,8 @@ class PlanSearch:
             lat, r = min(others, key=lambda lr: lr[0])
             if lat < rule * (1 - MIN_GAIN):
                 latency, best = lat, r
-        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored))
+        workloads = tuple(t.workload_key for t in best.tasks)
+        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored), workloads)
 
 
 @dataclass(frozen=True)
@@ -540,6 +541,7 @@ class PlanOutcome:
     latency_us: float
     rule_latency_us: float
     plans_measured: int
+    workloads: tuple[str, ...] = ()  # the workload keys of the plan's groups (what compile will build)
 
     @property
     def flipped(self) -> list[str]:
