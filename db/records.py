@@ -75,7 +75,12 @@ class Confirmation:
     """A stored confirmation. ``speedup`` is the median over rounds of default / best (the two measured
     back to back in each round); ``spread`` is half the range of those per-round ratios, relative to
     ``speedup`` (0.03: the rounds agree within +-3%). ``best_us`` and ``default_us`` are the medians of the
-    per-round medians. The candidate is *confirmed better* than the default when ``speedup > 1``."""
+    per-round medians. The candidate is *confirmed better* than the default when ``speedup > 1`` and its
+    fastest round beats the default's fastest round (``fastest_ratio > 1``): load only ever slows a kernel
+    down, so each config's fastest round is its least disturbed timing, and on a loaded machine the paired
+    median alone is a coin flip once most rounds of either config were disturbed (confirmations with a
+    spread of 73-643% under load 7-9 on 2 cores called 1 of 5 candidates faster by the paired median while
+    the fastest rounds put every one of the 5 slower than its default)."""
 
     workload_key: str
     target_key: str
@@ -96,9 +101,17 @@ class Confirmation:
     id: int
 
     @property
+    def fastest_ratio(self) -> float:
+        """The default's fastest round over the candidate's fastest round (above 1: the candidate faster)."""
+        if not self.best_rounds or not self.default_rounds or min(self.best_rounds) <= 0:
+            return 0.0
+        return min(self.default_rounds) / min(self.best_rounds)
+
+    @property
     def better(self) -> bool:
-        """Whether the confirmed candidate beat the default (median of the paired ratios above 1)."""
-        return self.speedup > 1.0
+        """Whether the confirmed candidate beat the default: the median of the paired ratios and the ratio of
+        the fastest rounds both above 1."""
+        return self.speedup > 1.0 and self.fastest_ratio > 1.0
 
     @property
     def rounds(self) -> int:

@@ -164,6 +164,7 @@ class TuneSummary:
         best, default = result.best_config, result.task.default()
         is_default = best is not None and config_json(best) == config_json(default)
         return speedup_text(self.confirmation(result), is_default)
+
     plans: list[PlanOutcome] = field(default_factory=list)  # fusion-plan search: one per searched region
 
     def to_json(self) -> dict[str, Any]:
@@ -521,8 +522,16 @@ def tune(
                     plans.append(found)
             if not interrupted and confirm_rounds > 0:
                 try:
+                    # every task, and the groups only a stored fusion plan makes (compile applies their
+                    # records too), each refreshed first: the plans' re-measurements were committed after
+                    # the search, and compile applies the best record of the database
+                    planned = {k for p in plans for k in p.workloads}
+                    extra = [t for k, t in group_tuners.items() if k in planned]
+                    confirming = list({t.task.workload_key: t for t in [*tuners, *extra]}.values())
+                    for t in confirming:
+                        t.refresh()
                     confirmed, failures = confirm_tasks(
-                        [(t.task, t.state.best_config) for t in tuners],
+                        [(t.task, t.state.best_config) for t in confirming],
                         database,
                         measurer,
                         rounds=confirm_rounds,
@@ -594,9 +603,8 @@ def _confirm_printer(
             text = f"{speedup_text(outcome)} over default"
             if not outcome.better:
                 text += ": not faster, compile keeps the default"
-        print(
-            f"confirm {task.name} ({rounds} interleaved rounds): {text}", file=file or sys.stdout, flush=True
-        )
+        n = outcome.rounds if isinstance(outcome, Confirmation) else rounds
+        print(f"confirm {task.name} ({n} interleaved rounds): {text}", file=file or sys.stdout, flush=True)
 
     return show
 

@@ -4,22 +4,28 @@ interleaved, and the confirmation is stored beside the records (see :mod:`db.con
 Why: a record's median comes from one measurement taken whenever the search reached it, and the default is
 measured once, first. Under load one default measured 11,944 us instead of 269 us and gave a stored
 "16.96x over default"; tuned kernels slower than their default reached compiled models. A confirmation runs
-``rounds`` rounds; each is one full measurement of the best candidate and the default through the same
-measurer, back to back, the order alternating between rounds (best first in even rounds). The speed-up is
-the median of the per-round ratios, its spread half their range.
+``rounds`` rounds; each is one full measurement (check and timing) of the best candidate and the default
+through the same measurer, back to back, the order alternating between rounds (best first in even rounds);
+both are compiled once, before the first round. The speed-up is the median of the per-round ratios, its
+spread half their range. The candidate is confirmed better when that median AND the ratio of the two
+configs' fastest rounds are both above 1 (:attr:`db.records.Confirmation.better`: load only slows a kernel
+down, so a config's fastest round is its least disturbed one). When the rounds leave the side of 1 open
+(the median within the spread of 1, or the two ratios on different sides, as on a loaded machine), up to
+``rounds`` more rounds are measured and the decision is taken on all of them.
 
 What depends on it:
 
 - ``kiln tune`` prints every "x over default" from the confirmation, with its spread (``1.42x (±3%)``),
   and says ``unconfirmed`` where there is none yet (the live display during the search, an interrupted run);
 - compile (:func:`tuner.records.database_config_source`) applies a record only when its config was not
-  confirmed *not* better than the default: a confirmed speed-up of at most 1.0 keeps the default schedule
+  confirmed *not* better than the default: a confirmation that is not better keeps the default schedule
   (and says so in the compile report); a record without a confirmation (older databases, interrupted runs)
   is applied as before and reported as unconfirmed.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,11 +41,14 @@ DEFAULT_ROUNDS = 5
 
 def speedup_text(conf: Confirmation | None, is_default: bool = False) -> str:
     """``1.42x (±3%)`` from a confirmation, ``default`` when the best config is the default itself, or
-    ``unconfirmed``."""
+    ``unconfirmed``; a paired median above 1 that the fastest rounds contradict (not confirmed better, see
+    :class:`~db.records.Confirmation`) says so: ``1.36x (±73%; fastest rounds 0.91x)``."""
     if is_default:
         return "default"
     if conf is None:
         return "unconfirmed"
+    if conf.speedup > 1.0 and not conf.better:
+        return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%; fastest rounds {conf.fastest_ratio:.2f}x)"
     return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%)"
 
 
@@ -63,23 +72,67 @@ class ConfirmFailure:
 
 
 def measure_rounds(
-    task: Task, config: Config, measurer: Any, rounds: int = DEFAULT_ROUNDS
+    task: Task,
+    config: Config,
+    measurer: Any,
+    rounds: int = DEFAULT_ROUNDS,
+    max_rounds: int | None = None,
 ) -> tuple[list[float], list[float]] | str:
     """Measure ``config`` and the task's default in ``rounds`` interleaved rounds through ``measurer``;
-    return (best medians, default medians) per round, or the error of the first round that failed."""
-    from tuner.measure import MeasureInput
+    return (best medians, default medians) per round, or the error of the first round that failed.
 
-    default = task.default()
+    A measurer with ``measure_rounds`` (:class:`~tuner.measure.Measurer`) builds both once and times them
+    round after round; any other is called once per round. When the rounds leave the answer open (the
+    median ratio is within the rounds' spread of 1: a loaded machine), ``rounds`` more are measured, up to
+    ``max_rounds`` in all (default ``2 * rounds``), and the decision is taken on all of them."""
+    limit = max(rounds, max_rounds if max_rounds is not None else 2 * rounds)
     best_rounds: list[float] = []
     default_rounds: list[float] = []
-    for i in range(rounds):
-        best_first = i % 2 == 0
-        pair = [MeasureInput(task, dict(config)), MeasureInput(task, dict(default))]
-        results = measurer.measure(pair if best_first else pair[::-1])
-        best, dflt = results if best_first else results[::-1]
+    while len(best_rounds) < limit:
+        n = rounds if not best_rounds else min(rounds, limit - len(best_rounds))
+        got = _rounds(task, config, measurer, n, start=len(best_rounds))
+        if isinstance(got, str):
+            return got
+        best_rounds += got[0]
+        default_rounds += got[1]
+        if _decided(best_rounds, default_rounds):
+            break
+    return best_rounds, default_rounds
+
+
+def _decided(best_rounds: list[float], default_rounds: list[float]) -> bool:
+    """Whether the rounds say on which side of 1 the speed-up is: the median of the per-round ratios
+    (default / best) is farther from 1 than half their range, and the ratio of the two configs' fastest
+    rounds is on the same side (see :attr:`~db.records.Confirmation.better`)."""
+    ratios = sorted(d / b for b, d in zip(best_rounds, default_rounds))
+    median = statistics.median(ratios)
+    fastest = min(default_rounds) / min(best_rounds)
+    return abs(median - 1.0) > (ratios[-1] - ratios[0]) / 2 and (median > 1.0) == (fastest > 1.0)
+
+
+def _rounds(
+    task: Task, config: Config, measurer: Any, rounds: int, start: int = 0
+) -> tuple[list[float], list[float]] | str:
+    """``rounds`` interleaved rounds (numbered from ``start``: the best candidate first in even rounds)."""
+    from tuner.measure import MeasureInput
+
+    pair = [MeasureInput(task, dict(config)), MeasureInput(task, task.default())]
+    flip = start % 2 == 1  # the measurer alternates from its own first round; keep the global alternation
+    if hasattr(measurer, "measure_rounds"):
+        per_round = measurer.measure_rounds(pair[::-1] if flip else pair, rounds)
+        per_round = [r[::-1] if flip else r for r in per_round]
+    else:
+        per_round = []
+        for i in range(rounds):
+            best_first = (start + i) % 2 == 0
+            results = measurer.measure(pair if best_first else pair[::-1])
+            per_round.append(results if best_first else results[::-1])
+    best_rounds: list[float] = []
+    default_rounds: list[float] = []
+    for i, (best, dflt) in enumerate(per_round):
         for name, r in (("the best candidate", best), ("the default", dflt)):
             if r.status != Status.OK or r.median_us is None or r.median_us <= 0:
-                return f"round {i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
+                return f"round {start + i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
         best_rounds.append(float(best.median_us))
         default_rounds.append(float(dflt.median_us))
     return best_rounds, default_rounds
@@ -91,6 +144,7 @@ def confirm_tasks(
     measurer: Any,
     *,
     rounds: int = DEFAULT_ROUNDS,
+    max_rounds: int | None = None,
     run_id: int | None = None,
     on_task: Callable[[Task, Confirmation | ConfirmFailure | None], None] | None = None,
 ) -> tuple[dict[str, Confirmation], list[ConfirmFailure]]:
@@ -121,7 +175,7 @@ def confirm_tasks(
             if on_task is not None:
                 on_task(task, known)
             continue
-        measured = measure_rounds(task, config, measurer, rounds)
+        measured = measure_rounds(task, config, measurer, rounds, max_rounds)
         if isinstance(measured, str):
             failure = ConfirmFailure(task, measured)
             failures.append(failure)

@@ -470,11 +470,18 @@ class PlanSearch:
             return 0
         samples: dict[tuple[str, str], list[float]] = {}
         n = 0
-        for r in range(rounds):
-            order = todo[r % len(todo) :] + todo[: r % len(todo)]
-            results = measurer.measure([MeasureInput(t, c) for t, c in order])
+        inputs = [MeasureInput(t, c) for t, c in todo]
+        if hasattr(measurer, "measure_rounds"):  # built once, then round r starts at the r-th candidate
+            per_round = measurer.measure_rounds(inputs, rounds, rotate=True)
+        else:
+            per_round = []
+            for r in range(rounds):
+                k = r % len(todo)
+                got = measurer.measure(inputs[k:] + inputs[:k])
+                per_round.append(got[len(todo) - k :] + got[: len(todo) - k])
+        for results in per_round:
             recs = []
-            for (t, c), res in zip(order, results):
+            for (t, c), res in zip(todo, results):
                 recs.append(
                     RecordIn(
                         t.workload_key,
@@ -521,7 +528,8 @@ class PlanSearch:
             lat, r = min(others, key=lambda lr: lr[0])
             if lat < rule * (1 - MIN_GAIN):
                 latency, best = lat, r
-        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored))
+        workloads = tuple(t.workload_key for t in best.tasks)
+        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored), workloads)
 
 
 @dataclass(frozen=True)
@@ -533,6 +541,7 @@ class PlanOutcome:
     latency_us: float
     rule_latency_us: float
     plans_measured: int
+    workloads: tuple[str, ...] = ()  # the workload keys of the plan's groups (what compile will build)
 
     @property
     def flipped(self) -> list[str]:

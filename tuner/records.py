@@ -6,10 +6,11 @@ skipped with a warning naming the record (the database does the warning; we give
 
 The apply rule for confirmations (:mod:`tuner.confirm`): when the best valid record's config has a
 confirmation against the group's current default and it was *not* faster (median of the interleaved
-per-round ratios at most 1), the default is used and the kernel says so (``record.kept_default``); a
-confirmed faster record is applied with its speed-up and spread; a record whose config is the default
-itself is applied (``default_is_best``); any other record without a confirmation (an older database, an
-interrupted run) is applied as before and marked ``confirmed: false``."""
+per-round ratios, or the ratio of the fastest rounds, at most 1: ``Confirmation.better``), the default is
+used and the kernel says so (``record.kept_default``); a confirmed faster record is applied with its
+speed-up and spread; a record whose config is the default itself is applied (``default_is_best``); any
+other record without a confirmation (an older database, an interrupted run) is applied as before and
+marked ``confirmed: false``."""
 
 from __future__ import annotations
 

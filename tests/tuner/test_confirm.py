@@ -84,6 +84,48 @@ def test_rounds_alternate_which_config_runs_first() -> None:
     assert "round 1: the default measured runtime_error" in measure_rounds(task, best, failing)
 
 
+def test_confirmation_rounds_build_both_configs_once() -> None:
+    task = _task()
+    best = _other(task)
+    builder = SimulatedBuilder()
+    runner = SimulatedRunner({config_json(best): 200.0, config_json(task.default()): 300.0})
+    best_rounds, default_rounds = measure_rounds(task, best, Measurer(builder, runner), rounds=5)
+    assert len(best_rounds) == len(default_rounds) == 5 and len(runner.history) == 10
+    assert len(builder.built) == 2  # not once per round
+
+
+class Alternating:
+    """Round-to-round noise: the candidate measures 100 and 106 us in turn, the default 102 us, so five
+    rounds leave the side of 1 open (ratios 1.02 and 0.96); from the sixth measurement on the candidate
+    measures 98 us."""
+
+    def __init__(self, best: dict) -> None:
+        self.best_key, self.calls = config_json(best), 0
+
+    def __call__(self, task, config) -> float:
+        if config_json(config) != self.best_key:
+            return 102.0
+        self.calls += 1
+        if self.calls > 5:
+            return 98.0
+        return 100.0 if self.calls % 2 else 106.0
+
+
+def test_an_open_confirmation_measures_more_rounds_and_keeps_the_alternation() -> None:
+    task = _task()
+    best = _other(task)
+    measurer, runner = _measurer(Alternating(best))
+    best_rounds, default_rounds = measure_rounds(task, best, measurer, rounds=5)
+    assert best_rounds == [100.0, 106.0, 100.0, 106.0, 100.0, 98.0, 98.0, 98.0, 98.0, 98.0]
+    assert default_rounds == [102.0] * 10
+    order = ["best" if c == config_json(best) else "default" for _, c in runner.history]
+    assert order == ["best", "default", "default", "best"] * 5
+    clear, _ = _measurer({config_json(best): 200.0, config_json(task.default()): 300.0})
+    assert len(measure_rounds(task, best, clear, rounds=5)[0]) == 5  # decided: no more rounds
+    capped, _ = _measurer(Alternating(best))
+    assert len(measure_rounds(task, best, capped, rounds=5, max_rounds=7)[0]) == 7
+
+
 def test_a_noisy_default_gives_a_confirmed_speedup_not_the_stored_one(url: str) -> None:
     task = _task()
     timings = LoadedMachine(task.default(), 200.0, 200.0)
@@ -123,6 +165,42 @@ def test_a_record_confirmed_slower_than_the_default_is_not_compiled_in(url: str,
     assert out.returncode == 0, out.stderr
     assert "coverage: 0 of 1 kernels use tuning records" in out.stdout
     assert "default schedule kept: g0_reduce_max (record confirmed 0.67x (±0%) of the default" in out.stdout
+
+
+class Disturbed:
+    """Confirmation rounds measured under load 7-9 on 2 cores (an encoder-layer matmul and its default):
+    the paired per-round ratios have a median of 1.36, but the candidate's fastest round (129.3 us) is
+    slower than the default's (117.7 us). The search measured every config once at 100 us."""
+
+    BEST = [129.3, 267.1, 130.5, 745.0, 129.7]
+    DEFAULT = [176.1, 511.0, 341.4, 461.5, 117.7]
+
+    def __init__(self, default: dict) -> None:
+        self.default_key = config_json(default)
+        self.seen: Counter[str] = Counter()
+
+    def __call__(self, task, config) -> float:
+        key = config_json(config)
+        self.seen[key] += 1
+        if self.seen[key] == 1:
+            return 100.0 if key != self.default_key else 150.0
+        rounds = self.DEFAULT if key == self.default_key else self.BEST
+        return rounds[(self.seen[key] - 2) % len(rounds)]
+
+
+def test_a_paired_median_contradicted_by_the_fastest_rounds_keeps_the_default(url: str) -> None:
+    task = _task()
+    measurer, _ = _measurer(Disturbed(task.default()))
+    summary = tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
+    (result,) = summary.tasks
+    conf = summary.confirmation(result)
+    assert result.best_config != task.default() and conf is not None
+    assert conf.rounds == 10  # the first five left it open: five more
+    assert conf.speedup == pytest.approx(1.36, abs=0.01) and not conf.better
+    assert conf.fastest_ratio == pytest.approx(117.7 / 129.3)
+    assert summary.speedup_text(result) == "1.36x (±73%; fastest rounds 0.91x)"
+    (kernel,) = tuner.compile("softmax", "cpu", db=url).kernels
+    assert kernel.extra["origin"] == "default" and kernel.config == task.default()
 
 
 def test_kiln_bench_tuned_runs_a_kernel_whose_record_kept_the_default(url: str) -> None:

@@ -3,6 +3,8 @@ the output comparison and gcc error attribution."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import threadpoolctl
@@ -103,6 +105,29 @@ def test_measurer_dedupes_identical_candidates_and_keeps_order(task):
     assert len(runner.history) == 2  # measured once each
     res[0].latencies_us.append(99.0)  # results do not share their lists
     assert res[2].latencies_us == [4.0, 4.0, 4.0]
+
+
+def test_measure_rounds_builds_once_and_orders_each_round(task):
+    third = {"fault": "none", "vector": 8, "parallel": "outer"}
+    latency = {("none", 8): 8.0, ("outer", 1): 1.0, ("outer", 8): 4.0}
+    runner = SimulatedRunner(lambda t, c: latency[(c["parallel"], c["vector"])])
+    builder = SimulatedBuilder()
+    measurer = Measurer(builder, runner)
+    inputs = [MeasureInput(task, dict(c)) for c in (GOOD, GOOD2, third, INVALID)]
+    rounds = measurer.measure_rounds(inputs, 3)
+    assert len(builder.built) == 3  # the valid ones, built once, not once per round
+    for res in rounds:  # each round in input order; the invalid config fails every round
+        assert [r.median_us for r in res] == [8.0, 1.0, 4.0, None]
+        assert res[3].status == Status.INVALID_CONFIG
+
+    def order() -> list[float]:
+        got = [latency[(c["parallel"], c["vector"])] for c in (json.loads(c) for _, c in runner.history)]
+        runner.history.clear()
+        return got
+
+    assert order() == [8, 1, 4, 4, 1, 8, 8, 1, 4]  # forward, reversed, forward
+    measurer.measure_rounds(inputs, 3, rotate=True)
+    assert order() == [8, 1, 4, 1, 4, 8, 4, 8, 1]  # round r starts at the r-th candidate
 
 
 class _BrokenRunner(Runner):

@@ -288,6 +288,17 @@ class Measurer:
 
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
         """Build, check and time every candidate; see the class docstring."""
+        return self.measure_rounds(inputs, 1)[0]
+
+    def measure_rounds(
+        self, inputs: Sequence[MeasureInput], rounds: int, rotate: bool = False
+    ) -> list[list[MeasureResult]]:
+        """Build every candidate once, then run (check and time) all of them ``rounds`` times, one round
+        after the other, in input order in even rounds and in reverse order in odd ones (an interleaved
+        re-measurement, :mod:`tuner.confirm`), or, with ``rotate``, round ``r`` starting at the ``r``-th
+        candidate; returns each round's results in input order. A candidate that failed to build has that
+        result in every round. Compared with ``rounds`` calls of :meth:`measure`, nothing is compiled again
+        between rounds."""
         inputs = list(inputs)
         keys = [_key(inp, i) for i, inp in enumerate(inputs)]
         first: dict[Any, int] = {}
@@ -297,13 +308,36 @@ class Measurer:
         todo = [inputs[i] for i in unique]
         t0 = time.perf_counter()
         builds = self._build(todo)
-        t1 = time.perf_counter()
-        runs = self._run(todo, builds)
-        t2 = time.perf_counter()
-        with contextlib.suppress(Exception):  # cleanup must never lose measurements
-            self.builder.release(builds)
-        self.stats.build_wall_s += t1 - t0
-        self.stats.run_wall_s += t2 - t1
+        self.stats.build_wall_s += time.perf_counter() - t0
+        out: list[list[MeasureResult]] = []
+        try:
+            for r in range(max(1, rounds)):
+                order = list(range(len(todo)))
+                if rotate:
+                    order = order[r % len(todo) :] + order[: r % len(todo)]
+                elif r % 2 == 1:
+                    order.reverse()
+                t1 = time.perf_counter()
+                ran = self._run([todo[j] for j in order], [builds[j] for j in order])
+                self.stats.run_wall_s += time.perf_counter() - t1
+                runs: list[RunResult | None] = [None] * len(todo)
+                for j, run in zip(order, ran):
+                    runs[j] = run
+                out.append(self._results(inputs, keys, first, unique, builds, runs))
+        finally:
+            with contextlib.suppress(Exception):  # cleanup must never lose measurements
+                self.builder.release(builds)
+        return out
+
+    def _results(
+        self,
+        inputs: list[MeasureInput],
+        keys: list[Any],
+        first: dict[Any, int],
+        unique: list[int],
+        builds: list[BuildResult],
+        runs: list[RunResult | None],
+    ) -> list[MeasureResult]:
         by_unique: dict[int, MeasureResult] = {}
         for i, b, r in zip(unique, builds, runs):
             if r is None:

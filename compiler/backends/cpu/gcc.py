@@ -11,9 +11,11 @@ and quoting gcc's error lines; :func:`errors_by_kernel` splits such a message by
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -102,15 +104,29 @@ def compile_to(
 def _gcc(source: str, c_path: Path, so: Path, flags: tuple[str, ...], timeout: float | None = None) -> None:
     c_path.write_text(source)
     try:
-        proc = subprocess.run(
-            [CC, *flags, "-o", str(so), str(c_path), *LIBS], capture_output=True, text=True, timeout=timeout
+        # its own process group: on a timeout the driver AND what it started (cc1, as, ld) are killed; a
+        # killed driver alone leaves cc1 compiling on, orphaned, taking a core from the timings that follow
+        proc = subprocess.Popen(
+            [CC, *flags, "-o", str(so), str(c_path), *LIBS],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        raise CompileError(f"gcc timed out after {timeout:.3g} s") from None
     except OSError as exc:
         raise CompileError(f"cannot run the C compiler {CC!r}: {exc}") from exc
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except BaseException as exc:  # a timeout, or an interrupted build: nothing of gcc outlives it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise CompileError(f"gcc timed out after {timeout:.3g} s") from None
+        raise
     if proc.returncode != 0:
-        raise CompileError(error_message(source, proc.stderr.replace(str(c_path), "kernel.c")))
+        raise CompileError(error_message(source, stderr.replace(str(c_path), "kernel.c")))
 
 
 def error_message(source: str, stderr: str) -> str:

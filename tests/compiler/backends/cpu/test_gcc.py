@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_cache_hit_does_not_run_gcc(tmp_path, monkeypatch):
     def no_gcc(*args, **kwargs):
         raise AssertionError("gcc ran on a cache hit")
 
-    monkeypatch.setattr(cbuild.subprocess, "run", no_gcc)
+    monkeypatch.setattr(cbuild.subprocess, "Popen", no_gcc)
     assert cbuild.compile_source(SMALL + "// hit\n") == first
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
 
@@ -113,3 +114,29 @@ def test_a_source_with_openmp_pragmas_is_built_with_openmp(tmp_path, monkeypatch
     y = np.empty_like(x)
     lib.function("twice", 2)(x.ctypes.data, y.ctypes.data)
     assert (y == 2 * x).all()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an orphan nobody reaped yet is dead)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the compiler's child")
+def test_a_timed_out_compile_kills_what_gcc_started(tmp_path, monkeypatch):
+    # a "compiler" whose real work happens in a child (as gcc's cc1 does) and never ends
+    fake = tmp_path / "fake-gcc"
+    pidfile = tmp_path / "child.pid"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nwait\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cbuild, "CC", str(fake))
+    with pytest.raises(CompileError, match="timed out"):
+        cbuild.compile_to(SMALL, tmp_path / "k.so", timeout=1.0)
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child), "the compiler's child process outlived the timeout"
