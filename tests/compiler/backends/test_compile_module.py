@@ -58,9 +58,9 @@ def test_compile_to_errors_are_split_by_kernel(tmp_path):
 
 
 def test_compile_to_times_out(tmp_path, monkeypatch):
-    def slow(*args, **kwargs):
-        raise gcc.subprocess.TimeoutExpired(args[0], kwargs["timeout"])
-
-    monkeypatch.setattr(gcc.subprocess, "run", slow)
+    slow = tmp_path / "slow-gcc"  # a "compiler" that never finishes
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(gcc, "CC", str(slow))
     with pytest.raises(CompileError, match=r"gcc timed out after 0\.5 s"):
         gcc.compile_to(ADD_ONE, tmp_path / "k.so", timeout=0.5)
