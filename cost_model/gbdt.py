@@ -245,7 +245,6 @@ def rank01(x: np.ndarray) -> np.ndarray:
 
 
 WORKLOAD_COLUMNS = np.asarray([i for i, n in enumerate(FEATURE_NAMES) if n.startswith("wl_")])
-KIND_IN_WORKLOAD = np.searchsorted(WORKLOAD_COLUMNS, KIND_COLUMNS)  # the kind one-hot within the wl_* columns
 # (max_iter, max_leaf_nodes) by default: regressions (residual, ratio) / LambdaMART (rank). LambdaMART's
 # scores have no scale of their own: 150 trees of 15 leaves pushed the learned part to several times the
 # prior's spread within a pool, so a correction learned on other workloads overruled the prior; 40 trees of
@@ -486,9 +485,9 @@ class GBDTModel(CostModel):
         """Samples and distinct workloads of each kind in the data the forest was just trained on."""
         x = self.x[: self.n_fit]
         self.kind_counts = np.bincount(kind_index(x), minlength=len(KIND_COLUMNS)).astype(np.float64)
-        wl_rows = np.unique(np.asarray(x, dtype=np.float64)[:, WORKLOAD_COLUMNS], axis=0)
-        self.fit_workloads = {np.ascontiguousarray(r).tobytes() for r in wl_rows}
-        kinds = np.argmax(wl_rows[:, KIND_IN_WORKLOAD], axis=1) if len(wl_rows) else np.zeros(0, np.int64)
+        kind_of = dict(zip(signatures(x), kind_index(x).tolist()))  # each training workload's kind
+        self.fit_workloads = set(kind_of)
+        kinds = np.asarray(list(kind_of.values()), dtype=np.int64)
         self.kind_workloads = np.bincount(kinds, minlength=len(KIND_COLUMNS)).astype(np.float64)
 
     # ------------------------------------------------------------ predict
@@ -520,12 +519,7 @@ class GBDTModel(CostModel):
         n = self.kind_counts[kinds]
         w = n / (n + self.prior_samples)
         if self.transfer_workloads > 0 and len(x):
-            wl_rows, inverse = np.unique(
-                np.asarray(x, dtype=np.float64)[:, WORKLOAD_COLUMNS], axis=0, return_inverse=True
-            )
-            unseen = np.asarray(
-                [np.ascontiguousarray(r).tobytes() not in self.fit_workloads for r in wl_rows]
-            )[inverse.reshape(-1)]
+            unseen = np.asarray([sig not in self.fit_workloads for sig in signatures(x)])
             m = self.kind_workloads[kinds]
             w = np.where(unseen, w * m / (m + self.transfer_workloads), w)
         return w

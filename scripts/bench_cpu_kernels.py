@@ -457,10 +457,7 @@ def runtimes_main(args) -> int:
         "and outputs bound once; onnxruntime with IOBinding.\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return _emit(text, args.out)
 
 
 # --pools: one model alone vs the same model with a second Kiln library in the process (see the docstring)
@@ -654,9 +651,14 @@ def pools_main(args) -> int:
         f"{os.cpu_count()}: 1.00 is one core kept busy by another engineer's job).\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
+    return _emit(text, args.out)
+
+
+def _emit(text: str, out: str | None) -> int:
+    """Print a mode's report and write it to ``out`` when given; the mode's exit status."""
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if out:
+        Path(out).write_text(text)
     return 0
 
 
@@ -778,10 +780,7 @@ def main() -> int:
         f"aligned); numpy and torch eager allocate per call.\n\n"
         f"{markdown_table(rows, columns)}\n"
     )
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return _emit(text, args.out)
 
 
 if __name__ == "__main__":

@@ -81,10 +81,11 @@ def measure_rounds(
     """Measure ``config`` and the task's default in ``rounds`` interleaved rounds through ``measurer``;
     return (best medians, default medians) per round, or the error of the first round that failed.
 
-    A measurer with ``measure_rounds`` (:class:`~tuner.measure.Measurer`) builds both once and times them
-    round after round; any other is called once per round. When the rounds leave the answer open (the
-    median ratio is within the rounds' spread of 1: a loaded machine), ``rounds`` more are measured, up to
-    ``max_rounds`` in all (default ``2 * rounds``), and the decision is taken on all of them."""
+    Through :func:`tuner.measure.measure_in_rounds`: a :class:`~tuner.measure.Measurer` builds both once
+    and times them round after round; any other measurer is called once per round. When the rounds leave the
+    answer open (the median ratio is within the rounds' spread of 1: a loaded machine), ``rounds`` more are
+    measured, up to ``max_rounds`` in all (default ``2 * rounds``), and the decision is taken on all of
+    them."""
     limit = max(rounds, max_rounds if max_rounds is not None else 2 * rounds)
     best_rounds: list[float] = []
     default_rounds: list[float] = []
@@ -114,19 +115,12 @@ def _rounds(
     task: Task, config: Config, measurer: Any, rounds: int, start: int = 0
 ) -> tuple[list[float], list[float]] | str:
     """``rounds`` interleaved rounds (numbered from ``start``: the best candidate first in even rounds)."""
-    from tuner.measure import MeasureInput
+    from tuner.measure import MeasureInput, measure_in_rounds
 
     pair = [MeasureInput(task, dict(config)), MeasureInput(task, task.default())]
     flip = start % 2 == 1  # the measurer alternates from its own first round; keep the global alternation
-    if hasattr(measurer, "measure_rounds"):
-        per_round = measurer.measure_rounds(pair[::-1] if flip else pair, rounds)
-        per_round = [r[::-1] if flip else r for r in per_round]
-    else:
-        per_round = []
-        for i in range(rounds):
-            best_first = (start + i) % 2 == 0
-            results = measurer.measure(pair if best_first else pair[::-1])
-            per_round.append(results if best_first else results[::-1])
+    per_round = measure_in_rounds(measurer, pair[::-1] if flip else pair, rounds)
+    per_round = [r[::-1] if flip else r for r in per_round]
     best_rounds: list[float] = []
     default_rounds: list[float] = []
     for i, (best, dflt) in enumerate(per_round):

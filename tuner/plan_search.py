@@ -428,7 +428,7 @@ class PlanSearch:
         measurements. With at most ``limit`` measurements allowed and fewer than two rounds fitting, nothing
         is measured and only the rules' plan remains: a plan is stored as better only once confirmed."""
         from db.records import RecordIn
-        from tuner.measure import MeasureInput
+        from tuner.measure import MeasureInput, measure_in_rounds
 
         scored = [(self.score(r), r) for r in self.results.values() if r.latency_us is not None]
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
@@ -471,15 +471,8 @@ class PlanSearch:
         samples: dict[tuple[str, str], list[float]] = {}
         n = 0
         inputs = [MeasureInput(t, c) for t, c in todo]
-        if hasattr(measurer, "measure_rounds"):  # built once, then round r starts at the r-th candidate
-            per_round = measurer.measure_rounds(inputs, rounds, rotate=True)
-        else:
-            per_round = []
-            for r in range(rounds):
-                k = r % len(todo)
-                got = measurer.measure(inputs[k:] + inputs[:k])
-                per_round.append(got[len(todo) - k :] + got[: len(todo) - k])
-        for results in per_round:
+        # built once (a Measurer), then round r starts at the r-th candidate
+        for results in measure_in_rounds(measurer, inputs, rounds, rotate=True):
             recs = []
             for (t, c), res in zip(todo, results):
                 recs.append(

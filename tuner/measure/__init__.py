@@ -266,6 +266,35 @@ class MeasureStats:
         return self.build_wall_s + self.run_wall_s
 
 
+def round_order(n: int, r: int, rotate: bool = False) -> list[int]:
+    """The order in which round ``r`` of an interleaved re-measurement runs ``n`` candidates: input order in
+    even rounds and reversed in odd ones, or, with ``rotate``, starting at candidate ``r % n``."""
+    order = list(range(n))
+    if rotate:
+        return order[r % n :] + order[: r % n] if n else order
+    return order[::-1] if r % 2 == 1 else order
+
+
+def measure_in_rounds(
+    measurer: Any, inputs: Sequence[MeasureInput], rounds: int, rotate: bool = False
+) -> list[list[MeasureResult]]:
+    """``rounds`` interleaved measurements of ``inputs`` in :func:`round_order`, each round's results in input
+    order: :meth:`Measurer.measure_rounds` (built once) when the measurer has it, otherwise one ``measure``
+    call per round (any object with ``measure``, e.g. a test's or a benchmark's replaying measurer)."""
+    inputs = list(inputs)
+    if hasattr(measurer, "measure_rounds"):
+        return measurer.measure_rounds(inputs, rounds, rotate=rotate)
+    out: list[list[MeasureResult]] = []
+    for r in range(max(1, rounds)):
+        order = round_order(len(inputs), r, rotate)
+        got = measurer.measure([inputs[j] for j in order])
+        results: list[MeasureResult] = [None] * len(inputs)  # type: ignore[list-item]
+        for j, res in zip(order, got):
+            results[j] = res
+        out.append(results)
+    return out
+
+
 class Measurer:
     """Builder + runner: ``measure(inputs)`` -> results in input order, never raising for a candidate.
 
@@ -312,11 +341,7 @@ class Measurer:
         out: list[list[MeasureResult]] = []
         try:
             for r in range(max(1, rounds)):
-                order = list(range(len(todo)))
-                if rotate:
-                    order = order[r % len(todo) :] + order[: r % len(todo)]
-                elif r % 2 == 1:
-                    order.reverse()
+                order = round_order(len(todo), r, rotate)
                 t1 = time.perf_counter()
                 ran = self._run([todo[j] for j in order], [builds[j] for j in order])
                 self.stats.run_wall_s += time.perf_counter() - t1

@@ -435,8 +435,7 @@ class CPrinter(CStylePrinter):
                     continue
                 if not (isinstance(sel.f, Broadcast) and _is(sel.f.value, 0)):
                     continue
-                bits = sum(1 << k for k, x in enumerate(sel.cond.elems) if x.value)  # type: ignore[attr-defined]
-                args = f"{self.expr(c)}, {self.expr(sel.t)}, {self.expr(b)}, {bits}u"
+                args = f"{self.expr(c)}, {self.expr(sel.t)}, {self.expr(b)}, {_lane_bits(sel.cond)}u"
                 return f"kiln_fma_mask_{vt}({args})"
         return None
 
@@ -450,9 +449,8 @@ class CPrinter(CStylePrinter):
             return None
         if not (isinstance(f, Broadcast) and _is(f.value, 0)):
             return None
-        bits = sum(1 << k for k, x in enumerate(e.cond.elems) if x.value)  # type: ignore[attr-defined]
         flat = self.flat_index(t.buffer, t.indices)
-        return f"kiln_maskz_load_{vt}(&{self.buf_name(t.buffer)}[{self.top(flat)}], {bits}u)"
+        return f"kiln_maskz_load_{vt}(&{self.buf_name(t.buffer)}[{self.top(flat)}], {_lane_bits(e.cond)}u)"
 
     def stride2_load(self, e: MakeVector, vt: str) -> str | None:
         """A gather of the elements ``p[0], p[2], .., p[2W-2]`` of one buffer (a stride-2 pooling tap) as two
@@ -580,3 +578,8 @@ def _has_ramp(body: Stmt) -> bool:
 
 def _is(e: Expr, value: int) -> bool:
     return isinstance(e, Const) and e.value == value
+
+
+def _lane_bits(mask: MakeVector) -> int:
+    """A constant lane mask (the vectorizer's ``MakeVector`` of booleans) as a bit mask, lane k -> bit k."""
+    return sum(1 << k for k, x in enumerate(mask.elems) if x.value)  # type: ignore[attr-defined]

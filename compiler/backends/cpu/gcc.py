@@ -145,32 +145,27 @@ def errors_by_kernel(source: str, message: str) -> dict[str, str]:
     return {name: error_message(source, "\n".join(lines)) for name, lines in owned.items()}
 
 
+_runtimes: list[ctypes.CDLL] = []  # the loaded pool runtime, kept (never dlclosed)
+
+
 @functools.cache
 def load_pool_runtime() -> Path:
     """Build (or fetch from the cache) the thread pool's runtime library and load it ``RTLD_GLOBAL``, once
     per process: every library with parallel loops calls its :data:`~compiler.backends.cpu.pool.ENTRY`, so
     all of them share one pool (:mod:`compiler.backends.cpu.pool`). It is never unloaded. Returns its path
-    (a worker process loads the same file: :func:`load_runtime_at`)."""
+    (the tuner's measurement worker loads the same file itself, :func:`tuner.measure.cpu.run_worker.main`,
+    without importing the compiler)."""
     path = pool_runtime_path()
-    load_runtime_at(path)
+    try:
+        _runtimes.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
+    except OSError as exc:
+        raise CompileError(f"cannot load the thread pool runtime {path}: {exc}") from exc
     return path
 
 
 def pool_runtime_path() -> Path:
     """The pool runtime library, built into the cache (keyed by the pool's code) when missing."""
     return compile_source(pool.runtime_source())
-
-
-_runtimes: list[ctypes.CDLL] = []  # loaded pool runtimes, kept (never dlclosed)
-
-
-def load_runtime_at(path: str | Path) -> None:
-    """Load the pool runtime built at ``path`` ``RTLD_GLOBAL`` (what :func:`load_pool_runtime` does in a
-    process that has no build cache of its own, e.g. the tuner's measurement worker)."""
-    try:
-        _runtimes.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
-    except OSError as exc:
-        raise CompileError(f"cannot load the thread pool runtime {path}: {exc}") from exc
 
 
 class KernelLibrary:
