@@ -37,7 +37,7 @@ from db.database import TuningDatabase
 from db.engine import sqlite_path
 from db.leases import WORKER, Leases, lease_key
 from db.records import Confirmation
-from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text
+from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text, to_confirm
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
 from tuner.plan_search import (
@@ -159,11 +159,13 @@ class TuneSummary:
         return self.confirmations.get(result.task.workload_key)
 
     def speedup_text(self, result: TaskResult) -> str:
-        """The task's speed-up over its default as the CLI prints it: ``1.42x (±3%)`` from the confirmation,
-        ``default`` when the best config found is the default itself, or ``unconfirmed``."""
+        """The task's speed-up over its default as the CLI prints it: ``1.42x (±3%)`` from the confirmation
+        (of the config the end of the run confirmed: :func:`tuner.confirm.to_confirm`), ``default`` when the
+        best config found is the default itself, or ``unconfirmed``."""
+        conf = self.confirmation(result)
         best, default = result.best_config, result.task.default()
-        is_default = best is not None and config_json(best) == config_json(default)
-        return speedup_text(self.confirmation(result), is_default)
+        is_default = conf is None and best is not None and config_json(best) == config_json(default)
+        return speedup_text(conf, is_default)
 
     plans: list[PlanOutcome] = field(default_factory=list)  # fusion-plan search: one per searched region
 
@@ -530,8 +532,10 @@ def tune(
                     confirming = list({t.task.workload_key: t for t in [*tuners, *extra]}.values())
                     for t in confirming:
                         t.refresh()
+                    # what compile would apply by the selection rule (db.selection), or the record that
+                    # would displace it: the lowest median, which alone is not trusted under load
                     confirmed, failures = confirm_tasks(
-                        [(t.task, t.state.best_config) for t in confirming],
+                        [(t.task, to_confirm(database, t.task)) for t in confirming],
                         database,
                         measurer,
                         rounds=confirm_rounds,

@@ -17,10 +17,16 @@ What depends on it:
 
 - ``kiln tune`` prints every "x over default" from the confirmation, with its spread (``1.42x (±3%)``),
   and says ``unconfirmed`` where there is none yet (the live display during the search, an interrupted run);
-- compile (:func:`tuner.records.database_config_source`) applies a record only when its config was not
-  confirmed *not* better than the default: a confirmation that is not better keeps the default schedule
-  (and says so in the compile report); a record without a confirmation (older databases, interrupted runs)
-  is applied as before and reported as unconfirmed.
+- compile (:func:`tuner.records.database_config_source`) applies records by the selection rule of
+  :mod:`db.selection`, over every confirmation of the workload (each config's latest one against the
+  current default is its verdict): a record confirmed faster beats any unconfirmed one, a record confirmed
+  not faster keeps the default schedule (and says so in the compile report) unless another is confirmed
+  faster, and records without a confirmation (older databases, interrupted runs) are applied by their
+  lowest median and reported as unconfirmed;
+- what the end of a run confirms is that rule's choice (:attr:`db.selection.Selection.to_confirm`): the
+  lowest-median record of the task without a verdict when it beats what compile would apply, else the
+  applied record (its confirmation is reused). A round that fails is committed as a record of its status,
+  and a config with a failed measurement is never applied.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler.backends.sketch import Config
-from db.records import Confirmation, ConfirmationIn
+from db.canonical import canonical_json
+from db.records import Confirmation, ConfirmationIn, RecordIn
+from db.selection import verdicts
 from db.status import Status
 from tuner.space import config_json
 from tuner.task import Task
@@ -52,20 +60,32 @@ def speedup_text(conf: Confirmation | None, is_default: bool = False) -> str:
     return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%)"
 
 
-def matches(conf: Confirmation | None, sketch: str, version: int, config: Config, default: Config) -> bool:
-    """Whether ``conf`` confirmed this config of this sketch version against this default."""
-    return (
-        conf is not None
-        and conf.sketch == sketch
-        and conf.sketch_version == version
-        and config_json(conf.config) == config_json(config)
-        and config_json(conf.default_config) == config_json(default)
+def to_confirm(db: Any, task: Task) -> Config | None:
+    """The config the end of a tuning run confirms for ``task``: what the selection rule of
+    :mod:`db.selection` chose or would try next (:attr:`~db.selection.Selection.to_confirm`); the default
+    config when the default measured best (nothing to confirm); None without records."""
+    from tuner.records import validator_for
+
+    sel = db.select_record(
+        task.workload_key, task.target.key, task.default(), validate=validator_for(task.group, task.target)
     )
+    return sel.to_confirm
+
+
+@dataclass(frozen=True)
+class RoundsFailed:
+    """Confirmation rounds that stopped: ``result`` is the first measurement that was not ok (of
+    ``config``, the candidate's or the default's), ``error`` says which round and why."""
+
+    error: str
+    config: Config
+    result: Any  # tuner.measure.MeasureResult
 
 
 @dataclass(frozen=True)
 class ConfirmFailure:
-    """A confirmation that could not be made: a round's measurement of either config was not ok."""
+    """A confirmation that could not be made: a round's measurement of either config was not ok (it is
+    committed as a record, so the failed config is never applied: :mod:`db.selection`)."""
 
     task: Task
     error: str
@@ -77,9 +97,9 @@ def measure_rounds(
     measurer: Any,
     rounds: int = DEFAULT_ROUNDS,
     max_rounds: int | None = None,
-) -> tuple[list[float], list[float]] | str:
+) -> tuple[list[float], list[float]] | RoundsFailed:
     """Measure ``config`` and the task's default in ``rounds`` interleaved rounds through ``measurer``;
-    return (best medians, default medians) per round, or the error of the first round that failed.
+    return (best medians, default medians) per round, or the first round's measurement that failed.
 
     Through :func:`tuner.measure.measure_in_rounds`: a :class:`~tuner.measure.Measurer` builds both once
     and times them round after round; any other measurer is called once per round. When the rounds leave the
@@ -92,7 +112,7 @@ def measure_rounds(
     while len(best_rounds) < limit:
         n = rounds if not best_rounds else min(rounds, limit - len(best_rounds))
         got = _rounds(task, config, measurer, n, start=len(best_rounds))
-        if isinstance(got, str):
+        if isinstance(got, RoundsFailed):
             return got
         best_rounds += got[0]
         default_rounds += got[1]
@@ -113,7 +133,7 @@ def _decided(best_rounds: list[float], default_rounds: list[float]) -> bool:
 
 def _rounds(
     task: Task, config: Config, measurer: Any, rounds: int, start: int = 0
-) -> tuple[list[float], list[float]] | str:
+) -> tuple[list[float], list[float]] | RoundsFailed:
     """``rounds`` interleaved rounds (numbered from ``start``: the best candidate first in even rounds)."""
     from tuner.measure import MeasureInput, measure_in_rounds
 
@@ -124,9 +144,10 @@ def _rounds(
     best_rounds: list[float] = []
     default_rounds: list[float] = []
     for i, (best, dflt) in enumerate(per_round):
-        for name, r in (("the best candidate", best), ("the default", dflt)):
+        for name, inp, r in (("the best candidate", pair[0], best), ("the default", pair[1], dflt)):
             if r.status != Status.OK or r.median_us is None or r.median_us <= 0:
-                return f"round {start + i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
+                error = f"round {start + i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
+                return RoundsFailed(error, inp.config, r)
         best_rounds.append(float(best.median_us))
         default_rounds.append(float(dflt.median_us))
     return best_rounds, default_rounds
@@ -142,17 +163,13 @@ def confirm_tasks(
     run_id: int | None = None,
     on_task: Callable[[Task, Confirmation | ConfirmFailure | None], None] | None = None,
 ) -> tuple[dict[str, Confirmation], list[ConfirmFailure]]:
-    """Confirm each task's best config (tasks without one are skipped) and commit the confirmations.
+    """Confirm each task's given config (tasks given None are skipped; see :func:`to_confirm`) and commit
+    the confirmations; a round that fails is committed as a record of its status.
 
-    A task whose latest confirmation already covers the same config and default is not measured again;
+    A config whose latest confirmation against the same default exists is not measured again;
     one whose best config is its default has nothing to confirm (``on_task`` gets None). Returns the
     confirmation of each confirmed task (by workload key) and the failures.
     """
-    keys = [t.workload_key for t, c in tasks if c is not None]
-    target_keys = {t.target.key for t, _ in tasks}
-    latest: dict[str, Confirmation] = {}
-    for tk in target_keys:
-        latest.update(db.latest_confirmations([k for k in keys], tk))
     done: dict[str, Confirmation] = {}
     failures: list[ConfirmFailure] = []
     for task, config in tasks:
@@ -162,16 +179,31 @@ def confirm_tasks(
             if on_task is not None:
                 on_task(task, None)
             continue
-        known = latest.get(task.workload_key)
-        if matches(known, task.sketch.name, task.sketch.version, config, task.default()):
-            assert known is not None
+        judged = verdicts(db.find_confirmations(task.workload_key, task.target.key), task.default())
+        known = judged.get((task.sketch.name, task.sketch.version, canonical_json(config)))
+        if known is not None:  # this config's verdict against this default stands: not measured again
             done[task.workload_key] = known
             if on_task is not None:
                 on_task(task, known)
             continue
         measured = measure_rounds(task, config, measurer, rounds, max_rounds)
-        if isinstance(measured, str):
-            failure = ConfirmFailure(task, measured)
+        if isinstance(measured, RoundsFailed):
+            result = measured.result
+            if result.status != Status.OK:  # a failed measurement is data: the config is never applied
+                db.commit_record(
+                    RecordIn(
+                        task.workload_key,
+                        task.target.key,
+                        task.sketch.name,
+                        task.sketch.version,
+                        dict(measured.config),
+                        result.latencies_us,
+                        result.status,
+                        result.error or None,
+                        run_id,
+                    )
+                )
+            failure = ConfirmFailure(task, measured.error)
             failures.append(failure)
             if on_task is not None:
                 on_task(task, failure)
@@ -188,12 +220,20 @@ def confirm_tasks(
             default_rounds,
             run_id,
         )
-        db.commit_confirmation(conf_in)
-        conf = db.latest_confirmation(task.workload_key, task.target.key)
+        cid = db.commit_confirmation(conf_in)
+        conf = next(c for c in db.find_confirmations(task.workload_key, task.target.key) if c.id == cid)
         done[task.workload_key] = conf
         if on_task is not None:
             on_task(task, conf)
     return done, failures
 
 
-__all__ = ["DEFAULT_ROUNDS", "ConfirmFailure", "confirm_tasks", "matches", "measure_rounds", "speedup_text"]
+__all__ = [
+    "DEFAULT_ROUNDS",
+    "ConfirmFailure",
+    "RoundsFailed",
+    "confirm_tasks",
+    "measure_rounds",
+    "speedup_text",
+    "to_confirm",
+]
