@@ -112,3 +112,26 @@ def test_hundreds_of_records_cost_two_queries(db: TuningDatabase) -> None:
     assert sel.standing == CONFIRMED and sel.record.config == {"vector": 2, "i": 250}
     assert sel.challenger is not None and sel.challenger.config == {"vector": 2, "i": 1}
     assert len(statements) == 2
+
+
+def test_prune_keeps_what_the_selection_rests_on(db: TuningDatabase) -> None:
+    """``prune --keep-top 1 --drop-errors`` keeps the records of a confirmed config (beside the K best) and
+    the failed measurement of a kept config (without it that config would be applied again)."""
+    keys = add_basics(db)
+    db.commit_records(
+        [
+            rec(keys[0], latencies=[100.0], config=v(2)),
+            rec(keys[0], latencies=[50.0], config=v(4)),
+            rec(keys[0], latencies=[60.0], config=v(8)),
+            rec(keys[0], status="runtime_error", config=v(4)),
+            rec(keys[0], status="compile_error", config=v(16)),
+        ]
+    )
+    confirm(db, keys[0], v(2), 100.0, 200.0)
+    before = db.select_record(keys[0], CPU, DEFAULT)
+    assert before.standing == CONFIRMED and before.record.config == v(2)
+    assert db.prune(1, keep_errors=False) == 2  # v(8) and v(16)'s compile error
+    left = {(r.status.value, r.config["vector"]) for r in db.find_records(keys[0], CPU)}
+    assert left == {("ok", 2), ("ok", 4), ("runtime_error", 4)}
+    after = db.select_record(keys[0], CPU, DEFAULT)
+    assert after.standing == CONFIRMED and after.record.id == before.record.id
