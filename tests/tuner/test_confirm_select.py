@@ -111,6 +111,11 @@ def test_a_record_confirmed_not_faster_keeps_the_default_over_a_lower_unconfirme
     result = json.loads(out.stdout)
     assert result["kernels_from_records"] == 0 and result["selection"]["kept_default"] == 1
     assert "selection: 0 confirmed faster than the default, 0 unconfirmed" in out.stderr
+    out = kiln(
+        "query", "best", "--workload", task.workload_key, "--target", "cpu", "--db", url, "--format", "json"
+    )
+    (row,) = json.loads(out.stdout)
+    assert row["vs_default"] == "default kept (confirmed 0.67x (±0%): not faster)" and row["record"] is None
 
 
 def test_a_record_confirmed_faster_beats_a_lucky_unconfirmed_median(url: str, tmp_path: Path) -> None:
@@ -125,6 +130,11 @@ def test_a_record_confirmed_faster_beats_a_lucky_unconfirmed_median(url: str, tm
     assert kernel.extra["record"]["confirmed"] and kernel.extra["record"]["standing"] == "confirmed"
     out = kiln("compile", "--model", "softmax", "--db", url, "-o", str(tmp_path / "m"))
     assert "selection: 1 confirmed faster than the default, 0 unconfirmed" in out.stdout
+    out = kiln(
+        "query", "best", "--workload", task.workload_key, "--target", "cpu", "--db", url, "--format", "json"
+    )
+    (row,) = json.loads(out.stdout)  # `kiln query best` shows what compile applies
+    assert row["config"] == a and row["vs_default"] == "1.34x (±0%)"
 
 
 def test_a_lucky_remeasurement_of_the_default_does_not_undo_a_confirmed_speedup(url: str) -> None:
