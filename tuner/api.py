@@ -37,7 +37,15 @@ from db.database import TuningDatabase
 from db.engine import sqlite_path
 from db.leases import WORKER, Leases, lease_key
 from db.records import Confirmation
-from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text, to_confirm
+from tuner.confirm import (
+    DEFAULT_ROUNDS,
+    ConfirmFailure,
+    applied_text,
+    confirm_tasks,
+    selection,
+    speedup_text,
+    to_confirm,
+)
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
 from tuner.plan_search import (
@@ -540,8 +548,14 @@ def tune(
                         measurer,
                         rounds=confirm_rounds,
                         run_id=run_id,
-                        on_task=_confirm_printer(progress, progress_file, confirm_rounds),
+                        on_task=_confirm_printer(progress, progress_file, confirm_rounds, database),
                     )
+                    # the summary's speed-up of a task is that of the record compile applies (an earlier
+                    # run's confirmed record can outlive this run's candidate confirmed not faster)
+                    for t in confirming:
+                        applied = selection(database, t.task).confirmation
+                        if applied is not None:
+                            confirmed[t.task.workload_key] = applied
                 except KeyboardInterrupt:
                     interrupted = True
             outcome = "interrupted" if interrupted else "complete"
@@ -592,7 +606,7 @@ def tune(
 
 
 def _confirm_printer(
-    progress: bool, file: TextIO | None, rounds: int
+    progress: bool, file: TextIO | None, rounds: int, db: TuningDatabase
 ) -> Callable[[Task, Confirmation | ConfirmFailure | None], None] | None:
     """What ``kiln tune`` prints as each task's best candidate is confirmed (None: print nothing)."""
     if not progress:
@@ -600,13 +614,13 @@ def _confirm_printer(
 
     def show(task: Task, outcome: Confirmation | ConfirmFailure | None) -> None:
         if isinstance(outcome, ConfirmFailure):
-            text = f"not confirmed ({outcome.error})"
+            text = f"not confirmed ({outcome.error}); {applied_text(selection(db, task))}"
         elif outcome is None:
             text = "the best config found is the default (nothing to confirm)"
         else:
             text = f"{speedup_text(outcome)} over default"
             if not outcome.better:
-                text += ": not faster, compile keeps the default"
+                text += f": not faster, {applied_text(selection(db, task))}"
         n = outcome.rounds if isinstance(outcome, Confirmation) else rounds
         print(f"confirm {task.name} ({n} interleaved rounds): {text}", file=file or sys.stdout, flush=True)
 

@@ -39,7 +39,7 @@ from typing import Any
 from compiler.backends.sketch import Config
 from db.canonical import canonical_json
 from db.records import Confirmation, ConfirmationIn, RecordIn
-from db.selection import verdicts
+from db.selection import CONFIRMED, KEPT_DEFAULT, UNCONFIRMED, Selection, verdicts
 from db.status import Status
 from tuner.space import config_json
 from tuner.task import Task
@@ -60,16 +60,31 @@ def speedup_text(conf: Confirmation | None, is_default: bool = False) -> str:
     return f"{conf.speedup:.2f}x (±{100 * conf.spread:.0f}%)"
 
 
+def selection(db: Any, task: Task) -> Selection:
+    """What compile applies to ``task``'s group (:meth:`~db.database.TuningDatabase.select_record`)."""
+    from tuner.records import validator_for
+
+    return db.select_record(
+        task.workload_key, task.target.key, task.default(), validate=validator_for(task.group, task.target)
+    )
+
+
 def to_confirm(db: Any, task: Task) -> Config | None:
     """The config the end of a tuning run confirms for ``task``: what the selection rule of
     :mod:`db.selection` chose or would try next (:attr:`~db.selection.Selection.to_confirm`); the default
     config when the default measured best (nothing to confirm); None without records."""
-    from tuner.records import validator_for
+    return selection(db, task).to_confirm
 
-    sel = db.select_record(
-        task.workload_key, task.target.key, task.default(), validate=validator_for(task.group, task.target)
-    )
-    return sel.to_confirm
+
+def applied_text(sel: Selection) -> str:
+    """What compile does with a task after its confirmation, for ``kiln tune``'s confirmation lines."""
+    if sel.standing == CONFIRMED and sel.confirmation is not None:
+        return f"compile applies the record confirmed {speedup_text(sel.confirmation)}"
+    if sel.standing == KEPT_DEFAULT:
+        return "compile keeps the default"
+    if sel.standing == UNCONFIRMED:
+        return "compile applies the lowest unconfirmed median"
+    return "compile applies the default config (it measured best)"
 
 
 @dataclass(frozen=True)
@@ -232,8 +247,10 @@ __all__ = [
     "DEFAULT_ROUNDS",
     "ConfirmFailure",
     "RoundsFailed",
+    "applied_text",
     "confirm_tasks",
     "measure_rounds",
+    "selection",
     "speedup_text",
     "to_confirm",
 ]

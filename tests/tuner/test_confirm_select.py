@@ -238,54 +238,62 @@ def test_a_config_whose_confirmation_round_failed_is_never_applied(url: str) -> 
     assert config_json(kernel.config) != timings.bad
 
 
-class QuietLater:
-    """A second run on a quieter machine: the default 269 us, every config 100 us when the search measures
-    it and 200 us measured again."""
+class Timings:
+    """Simulated timings: the default ``default`` us; every other config ``search`` us when the search
+    measures it, ``later`` us measured again (the confirmation)."""
 
-    def __init__(self, default: dict) -> None:
-        self.default_key = config_json(default)
+    def __init__(self, default_config: dict, default: float, search: float, later: float) -> None:
+        self.default_key = config_json(default_config)
+        self.default, self.search, self.later = default, search, later
         self.seen: Counter[str] = Counter()
 
     def __call__(self, task, config) -> float:
         key = config_json(config)
         self.seen[key] += 1
         if key == self.default_key:
-            return 269.0
-        return 100.0 if self.seen[key] == 1 else 200.0
+            return self.default
+        return self.search if self.seen[key] == 1 else self.later
 
 
-class BusyFirst:
-    """A first run under load: the default 269 us, every config 100 us in the search and 400 us after."""
-
-    def __init__(self, default: dict) -> None:
-        self.default_key = config_json(default)
-        self.seen: Counter[str] = Counter()
-
-    def __call__(self, task, config) -> float:
-        key = config_json(config)
-        self.seen[key] += 1
-        if key == self.default_key:
-            return 269.0
-        return 100.0 if self.seen[key] == 1 else 400.0
+def _tune(url: str, timings: Timings):
+    measurer = Measurer(SimulatedBuilder(), SimulatedRunner(timings))
+    return tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
 
 
 def test_the_next_run_confirms_the_record_that_would_displace_a_not_faster_one(url: str) -> None:
     """Run 1's best was confirmed not faster; run 2 finds records as fast by their medians. Its end-of-run
     confirmation measures one of those (not run 1's best again), and compile applies it once confirmed."""
     task = _task()
-
-    def run(timings):
-        measurer = Measurer(SimulatedBuilder(), SimulatedRunner(timings))
-        return tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
-
-    first = run(BusyFirst(task.default()))
+    first = _tune(url, Timings(task.default(), 269.0, 100.0, 400.0))  # a busy machine
     (r1,) = first.tasks
     c1 = first.confirmation(r1)
     assert c1 is not None and not c1.better
     assert _kernel(url).extra["origin"] == "default"
-    second = run(QuietLater(task.default()))
+    second = _tune(url, Timings(task.default(), 269.0, 100.0, 200.0))  # a quieter one
     (r2,) = second.tasks
     c2 = second.confirmation(r2)
     assert c2 is not None and c2.better and config_json(c2.config) != config_json(c1.config)
     kernel = _kernel(url)
     assert kernel.extra["origin"] == "record" and kernel.config == c2.config
+
+
+def test_a_retune_whose_best_is_not_faster_keeps_the_confirmed_record_and_says_so(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run 1 confirms its best faster; run 2 finds lower medians, and its best is confirmed not faster:
+    compile goes on applying run 1's record, and run 2's summary and confirmation line say so."""
+    task = _task()
+    first = _tune(url, Timings(task.default(), 269.0, 100.0, 200.0))
+    (r1,) = first.tasks
+    c1 = first.confirmation(r1)
+    assert c1 is not None and c1.better
+    measurer = Measurer(SimulatedBuilder(), SimulatedRunner(Timings(task.default(), 269.0, 90.0, 400.0)))
+    second = tune(
+        "softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1, progress=True
+    )
+    printed = capsys.readouterr().out
+    assert "0.67x (±0%) over default: not faster, compile applies the record confirmed 1.34x (±0%)" in printed
+    (r2,) = second.tasks
+    assert r2.best_us == 90.0 and second.speedup_text(r2) == "1.34x (±0%)"
+    kernel = _kernel(url)
+    assert kernel.extra["origin"] == "record" and kernel.config == c1.config
