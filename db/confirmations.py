@@ -22,6 +22,7 @@ speed-up without the confirmation it came from, and a merged older verdict does 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import statistics
@@ -29,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select
 
 from db.canonical import canonical_hash, canonical_json, check_latencies, config_problem, format_time, utc_now
 from db.core import BEST_ORDER, DatabaseCore, Validator, host, kiln_version, records_select
@@ -191,6 +192,23 @@ def _select():  # type: ignore[no-untyped-def]
     )
 
 
+@functools.cache
+def _workload_confirmations():  # type: ignore[no-untyped-def]
+    """Every confirmation of (:wk, :tk) (built once: a reused statement skips SQLAlchemy's re-adaptation)."""
+    return _select().where(WorkloadRow.key == bindparam("wk"), TargetRow.key == bindparam("tk"))
+
+
+@functools.cache
+def _workload_records():  # type: ignore[no-untyped-def]
+    """Every record of (:wk, :tk): the failed ones first, then the ok ones in best order (streamed)."""
+    return (
+        records_select()
+        .where(WorkloadRow.key == bindparam("wk"), TargetRow.key == bindparam("tk"))
+        .order_by((RecordRow.status == Status.OK.value), *BEST_ORDER)
+        .execution_options(yield_per=64)
+    )
+
+
 class ConfirmationMixin(DatabaseCore):
     """Committing and reading confirmations."""
 
@@ -264,16 +282,8 @@ class ConfirmationMixin(DatabaseCore):
         ``default_config``, by the rule of :mod:`db.selection`. ``validate`` (the sketch's check) filters
         records, as in :meth:`~db.queries.QueryMixin.best` (rejected ones are skipped with a warning), and
         confirmations (silently: a confirmation of another sketch version is simply out of date)."""
-        confirmations = [
-            c
-            for c in self.find_confirmations(workload_key, target_key)
-            if validate is None or validate(c) is None  # type: ignore[arg-type]
-        ]
-        stmt = (
-            records_select()
-            .where(WorkloadRow.key == workload_key, TargetRow.key == target_key)
-            .order_by((RecordRow.status == Status.OK.value), *BEST_ORDER)  # failures first, then ok by median
-        )
+        params = {"wk": workload_key, "tk": target_key}
+        confirmations = []
         failed: set[ConfigKey] = set()
 
         def candidates(rows: Iterator[Row]) -> Iterator[Record]:
@@ -285,7 +295,14 @@ class ConfirmationMixin(DatabaseCore):
                     self._warn_skipped(row, problem)
 
         with self._read("select the record to apply") as conn:
-            result = conn.execute(stmt.execution_options(yield_per=64))
+            for row in conn.execute(_workload_confirmations(), params):
+                try:
+                    conf = to_confirmation(row)
+                except InvalidRecordError:
+                    continue
+                if validate is None or validate(conf) is None:  # type: ignore[arg-type]
+                    confirmations.append(conf)
+            result = conn.execute(_workload_records(), params)
             try:
                 rows = iter(result)
                 first_ok = None
