@@ -4,12 +4,14 @@
   with Optuna (optionally filtered by a cost model), measures candidates on the target and commits every
   result to the database under one run; it returns a :class:`TuneSummary`. ``kiln tune`` is this function
   plus argument parsing and printing. The run row is closed (its end time set) whatever happens.
-  At the end of a run that was not interrupted, each task's best candidate and its default are measured
-  again in interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's
-  speed-ups come from those confirmations.
-- ``compile(model, target, db)`` is :func:`compiler.build.compile` with the database's best valid record
-  for each group (``db`` is a TuningDatabase or a URL); groups without a record, and groups whose record
-  was confirmed not faster than the default, use their sketch's default.
+  At the end of a run that was not interrupted, each task's candidate (what compile would apply, or the
+  record that would displace it: :func:`tuner.confirm.to_confirm`) and its default are measured again in
+  interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's speed-ups come
+  from the confirmations of the records compile applies.
+- ``compile(model, target, db)`` is :func:`compiler.build.compile` with the record the selection rule of
+  :mod:`db.selection` picks for each group (``db`` is a TuningDatabase or a URL): confirmed faster first,
+  the default schedule where a record was confirmed not faster (and none faster), else the lowest median;
+  groups without a record use their sketch's default.
   Each region's stored fusion plan is applied when it beats the rules' plan (:mod:`tuner.plan_search`);
   a stale one (edges the region no longer has) is reported in ``meta["fusion_plans"]`` and skipped.
 """
@@ -78,7 +80,8 @@ def compile(
     plan: FusionPlan | None = None,
     fusion_plans: bool = True,
 ) -> Any:
-    """Compile ``model`` for ``target``; with ``db``, each group uses its best valid tuning record and
+    """Compile ``model`` for ``target``; with ``db``, each group uses the tuning record the selection rule
+    picks (:mod:`db.selection`: confirmed faster first, never one confirmed not faster) and
     (with ``fusion_plans``, unless ``plan`` is given) each region its stored fusion plan when it beats the
     rules'. Returns the target backend's compiled model (``run``, ``timeit``, ``save``); with ``db``, its
     ``meta["fusion_plans"]`` says which plans were applied and which were skipped and why."""

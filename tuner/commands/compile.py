@@ -35,8 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "compile",
         help="compile a model (with the best tuning records when --db is given)",
-        description="Compile a model for a target. With --db, each kernel uses its best valid tuning record "
-        "for the target; kernels without one use the rule-based default schedule.",
+        description="Compile a model for a target. With --db, each kernel uses the tuning record the "
+        "selection rule picks for the target (a record confirmed faster than the default first; none "
+        "where a record was confirmed not faster; else the lowest median); kernels without one use the "
+        "rule-based default schedule.",
     )
     add_model_arg(p)
     p.add_argument("--target", default="cpu", help="cpu (this host), cuda, or a full target key")
