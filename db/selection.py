@@ -25,7 +25,10 @@ does not count). A verdict is *faster* when :attr:`~db.records.Confirmation.bett
 
 ``challenger``: the lowest-median candidate whose config has no verdict, is not the default, and is faster
 by its median than the applied record (any, when the default is kept). It is what the end of a tuning run
-confirms next (:attr:`Selection.to_confirm`), so a workload never stays stuck behind one confirmation.
+confirms next (:attr:`Selection.to_confirm`), so a workload never stays stuck behind one confirmation; a
+record confirmed faster that it would displace (:attr:`Selection.rival`) is re-measured in the same rounds
+and gets a fresh confirmation too, so the two speed-ups compared in rule 2 come from the same moments of
+the machine rather than from two runs under different load.
 
 Cost: two indexed queries per workload (its confirmations; its records, ok ones streamed in best order and
 read only until the rule is decided).
@@ -74,6 +77,15 @@ class Selection:
     confirmation: Confirmation | None = None
     challenger: Record | None = None
     failed: int = 0
+
+    @property
+    def rival(self) -> dict[str, Any] | None:
+        """The config the challenger would displace (the record confirmed faster that is applied now), to be
+        re-measured in the same rounds as the challenger so that the two speed-ups compare; None when there
+        is no challenger or nothing confirmed is applied."""
+        if self.challenger is None or self.standing != CONFIRMED or self.record is None:
+            return None
+        return dict(self.record.config)
 
     @property
     def to_confirm(self) -> dict[str, Any] | None:

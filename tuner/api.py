@@ -46,7 +46,6 @@ from tuner.confirm import (
     confirm_tasks,
     selection,
     speedup_text,
-    to_confirm,
 )
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
@@ -545,13 +544,16 @@ def tune(
                         t.refresh()
                     # what compile would apply by the selection rule (db.selection), or the record that
                     # would displace it: the lowest median, which alone is not trusted under load
+                    chosen = {t.task.workload_key: selection(database, t.task) for t in confirming}
+                    rivals = {k: sel.rival for k, sel in chosen.items() if sel.rival is not None}
                     confirmed, failures = confirm_tasks(
-                        [(t.task, to_confirm(database, t.task)) for t in confirming],
+                        [(t.task, chosen[t.task.workload_key].to_confirm) for t in confirming],
                         database,
                         measurer,
                         rounds=confirm_rounds,
                         run_id=run_id,
                         on_task=_confirm_printer(progress, progress_file, confirm_rounds, database),
+                        rivals=rivals,
                     )
                     # the summary's speed-up of a task is that of the record compile applies (an earlier
                     # run's confirmed record can outlive this run's candidate confirmed not faster)
@@ -622,8 +624,11 @@ def _confirm_printer(
             text = "the best config found is the default (nothing to confirm)"
         else:
             text = f"{speedup_text(outcome)} over default"
+            sel = selection(db, task)
             if not outcome.better:
-                text += f": not faster, {applied_text(selection(db, task))}"
+                text += f": not faster, {applied_text(sel)}"
+            elif sel.confirmation is None or sel.confirmation.id != outcome.id:
+                text += f"; {applied_text(sel)}"  # another record confirmed faster stays
         n = outcome.rounds if isinstance(outcome, Confirmation) else rounds
         print(f"confirm {task.name} ({n} interleaved rounds): {text}", file=file or sys.stdout, flush=True)
 

@@ -25,7 +25,8 @@ What depends on it:
   lowest median and reported as unconfirmed;
 - what the end of a run confirms is that rule's choice (:attr:`db.selection.Selection.to_confirm`): the
   lowest-median record of the task without a verdict when it beats what compile would apply, else the
-  applied record (its confirmation is reused). A round that fails is committed as a record of its status,
+  applied record (its confirmation is reused); when the former would displace a record confirmed faster,
+  that record is measured in the same rounds and confirmed again (:func:`measure_with_rival`). A round that fails is committed as a record of its status,
   and a config with a failed measurement is never applied.
 """
 
@@ -121,19 +122,38 @@ def measure_rounds(
     answer open (the median ratio is within the rounds' spread of 1: a loaded machine), ``rounds`` more are
     measured, up to ``max_rounds`` in all (default ``2 * rounds``), and the decision is taken on all of
     them."""
+    got = measure_with_rival(task, config, None, measurer, rounds, max_rounds)
+    return got if isinstance(got, RoundsFailed) else (got[0], got[1])
+
+
+def measure_with_rival(
+    task: Task,
+    config: Config,
+    rival: Config | None,
+    measurer: Any,
+    rounds: int = DEFAULT_ROUNDS,
+    max_rounds: int | None = None,
+) -> tuple[list[float], list[float], list[float]] | RoundsFailed:
+    """:func:`measure_rounds`, with ``rival`` (the record compile applies now, which ``config`` would
+    displace) measured in the same rounds, so both speed-ups over the default come from the same moments
+    of the machine: (best, default, rival) medians per round (rival empty without one). Two configs
+    alternate which runs first; three rotate which starts (round r starts at the r-th)."""
     limit = max(rounds, max_rounds if max_rounds is not None else 2 * rounds)
-    best_rounds: list[float] = []
-    default_rounds: list[float] = []
-    while len(best_rounds) < limit:
-        n = rounds if not best_rounds else min(rounds, limit - len(best_rounds))
-        got = _rounds(task, config, measurer, n, start=len(best_rounds))
-        if isinstance(got, RoundsFailed):
-            return got
-        best_rounds += got[0]
-        default_rounds += got[1]
-        if _decided(best_rounds, default_rounds):
+    configs = [config, task.default()] if rival is None else [config, rival, task.default()]
+    names = ["the best candidate", "the default"] if rival is None else [
+        "the best candidate", "the record it would displace", "the default"
+    ]  # fmt: skip
+    got: list[list[float]] = [[] for _ in configs]
+    while len(got[0]) < limit:
+        n = rounds if not got[0] else min(rounds, limit - len(got[0]))
+        more = _rounds(task, configs, names, measurer, n, start=len(got[0]))
+        if isinstance(more, RoundsFailed):
+            return more
+        for mine, new in zip(got, more):
+            mine += new
+        if _decided(got[0], got[-1]):
             break
-    return best_rounds, default_rounds
+    return got[0], got[-1], got[1] if rival is not None else []
 
 
 def _decided(best_rounds: list[float], default_rounds: list[float]) -> bool:
@@ -147,25 +167,31 @@ def _decided(best_rounds: list[float], default_rounds: list[float]) -> bool:
 
 
 def _rounds(
-    task: Task, config: Config, measurer: Any, rounds: int, start: int = 0
-) -> tuple[list[float], list[float]] | RoundsFailed:
-    """``rounds`` interleaved rounds (numbered from ``start``: the best candidate first in even rounds)."""
+    task: Task, configs: list[Config], names: list[str], measurer: Any, rounds: int, start: int = 0
+) -> list[list[float]] | RoundsFailed:
+    """``rounds`` interleaved rounds of ``configs`` (numbered from ``start``, which keeps the alternation
+    or rotation going across calls: the measurer starts its own from its first round); the per-round
+    medians of each config, in ``configs`` order."""
     from tuner.measure import MeasureInput, measure_in_rounds
 
-    pair = [MeasureInput(task, dict(config)), MeasureInput(task, task.default())]
-    flip = start % 2 == 1  # the measurer alternates from its own first round; keep the global alternation
-    per_round = measure_in_rounds(measurer, pair[::-1] if flip else pair, rounds)
-    per_round = [r[::-1] if flip else r for r in per_round]
-    best_rounds: list[float] = []
-    default_rounds: list[float] = []
-    for i, (best, dflt) in enumerate(per_round):
-        for name, inp, r in (("the best candidate", pair[0], best), ("the default", pair[1], dflt)):
+    inputs = [MeasureInput(task, dict(c)) for c in configs]
+    n = len(inputs)
+    shift = start % n
+    ordered = inputs[shift:] + inputs[:shift] if n > 2 else (inputs[::-1] if shift else inputs)
+    per_round = measure_in_rounds(measurer, ordered, rounds, rotate=n > 2)
+    if n > 2:  # ordered[k] is inputs[(k + shift) % n]
+        per_round = [r[n - shift :] + r[: n - shift] for r in per_round]
+    elif shift:
+        per_round = [r[::-1] for r in per_round]
+    out: list[list[float]] = [[] for _ in inputs]
+    for i, results in enumerate(per_round):
+        for name, inp, r in zip(names, inputs, results):
             if r.status != Status.OK or r.median_us is None or r.median_us <= 0:
                 error = f"round {start + i + 1}: {name} measured {r.status}: {r.error or 'no latency'}"
                 return RoundsFailed(error, inp.config, r)
-        best_rounds.append(float(best.median_us))
-        default_rounds.append(float(dflt.median_us))
-    return best_rounds, default_rounds
+        for mine, r in zip(out, results):
+            mine.append(float(r.median_us))
+    return out
 
 
 def confirm_tasks(
@@ -177,10 +203,13 @@ def confirm_tasks(
     max_rounds: int | None = None,
     run_id: int | None = None,
     on_task: Callable[[Task, Confirmation | ConfirmFailure | None], None] | None = None,
+    rivals: dict[str, Config] | None = None,
 ) -> tuple[dict[str, Confirmation], list[ConfirmFailure]]:
     """Confirm each task's given config (tasks given None are skipped; see :func:`to_confirm`) and commit
     the confirmations; a round that fails is committed as a record of its status.
 
+    ``rivals`` (by workload key): the config compile applies now, which the task's config would displace
+    (:attr:`db.selection.Selection.rival`); it is measured in the same rounds and confirmed again too.
     A config whose latest confirmation against the same default exists is not measured again;
     one whose best config is its default has nothing to confirm (``on_task`` gets None). Returns the
     confirmation of each confirmed task (by workload key) and the failures.
@@ -201,7 +230,10 @@ def confirm_tasks(
             if on_task is not None:
                 on_task(task, known)
             continue
-        measured = measure_rounds(task, config, measurer, rounds, max_rounds)
+        rival = (rivals or {}).get(task.workload_key)
+        if rival is not None and config_json(rival) in (config_json(config), config_json(task.default())):
+            rival = None
+        measured = measure_with_rival(task, config, rival, measurer, rounds, max_rounds)
         if isinstance(measured, RoundsFailed):
             result = measured.result
             if result.status != Status.OK:  # a failed measurement is data: the config is never applied
@@ -223,24 +255,31 @@ def confirm_tasks(
             if on_task is not None:
                 on_task(task, failure)
             continue
-        best_rounds, default_rounds = measured
-        conf_in = ConfirmationIn(
-            task.workload_key,
-            task.target.key,
-            task.sketch.name,
-            task.sketch.version,
-            dict(config),
-            dict(task.default()),
-            best_rounds,
-            default_rounds,
-            run_id,
-        )
-        cid = db.commit_confirmation(conf_in)
+        best_rounds, default_rounds, rival_rounds = measured
+        if rival is not None:  # the incumbent's fresh verdict, from the same rounds
+            db.commit_confirmation(_confirmation_in(task, rival, rival_rounds, default_rounds, run_id))
+        cid = db.commit_confirmation(_confirmation_in(task, config, best_rounds, default_rounds, run_id))
         conf = next(c for c in db.find_confirmations(task.workload_key, task.target.key) if c.id == cid)
         done[task.workload_key] = conf
         if on_task is not None:
             on_task(task, conf)
     return done, failures
+
+
+def _confirmation_in(
+    task: Task, config: Config, rounds: list[float], default_rounds: list[float], run_id: int | None
+) -> ConfirmationIn:
+    return ConfirmationIn(
+        task.workload_key,
+        task.target.key,
+        task.sketch.name,
+        task.sketch.version,
+        dict(config),
+        dict(task.default()),
+        rounds,
+        default_rounds,
+        run_id,
+    )
 
 
 __all__ = [
@@ -250,6 +289,7 @@ __all__ = [
     "applied_text",
     "confirm_tasks",
     "measure_rounds",
+    "measure_with_rival",
     "selection",
     "speedup_text",
     "to_confirm",

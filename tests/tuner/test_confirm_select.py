@@ -277,17 +277,43 @@ def test_the_next_run_confirms_the_record_that_would_displace_a_not_faster_one(u
     assert kernel.extra["origin"] == "record" and kernel.config == c2.config
 
 
+class SecondRun:
+    """Run 2: the default 269 us; configs run 1 measured take ``known_later`` us measured again; new ones
+    90 us in the search and ``new_later`` us measured again (250: a 1.08x challenger)."""
+
+    def __init__(self, default_config: dict, known: set[str], known_later: float, new_later: float = 250.0):
+        self.default_key, self.known, self.known_later = config_json(default_config), known, known_later
+        self.new_later = new_later
+        self.seen: Counter[str] = Counter()
+
+    def __call__(self, task, config) -> float:
+        key = config_json(config)
+        self.seen[key] += 1
+        if key == self.default_key:
+            return 269.0
+        if key in self.known:
+            return self.known_later
+        return 90.0 if self.seen[key] == 1 else self.new_later
+
+
+def _known(url: str, task) -> set[str]:
+    with TuningDatabase.open(url) as db:
+        return {config_json(r.config) for r in db.find_records(task.workload_key, task.target.key)}
+
+
 def test_a_retune_whose_best_is_not_faster_keeps_the_confirmed_record_and_says_so(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Run 1 confirms its best faster; run 2 finds lower medians, and its best is confirmed not faster:
-    compile goes on applying run 1's record, and run 2's summary and confirmation line say so."""
+    compile goes on applying run 1's record (re-confirmed in the same rounds, as fast as in run 1), and run
+    2's summary and confirmation line say so."""
     task = _task()
     first = _tune(url, Timings(task.default(), 269.0, 100.0, 200.0))
     (r1,) = first.tasks
     c1 = first.confirmation(r1)
     assert c1 is not None and c1.better
-    measurer = Measurer(SimulatedBuilder(), SimulatedRunner(Timings(task.default(), 269.0, 90.0, 400.0)))
+    timings = SecondRun(task.default(), _known(url, task), known_later=200.0, new_later=400.0)
+    measurer = Measurer(SimulatedBuilder(), SimulatedRunner(timings))
     second = tune(
         "softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1, progress=True
     )
@@ -297,3 +323,34 @@ def test_a_retune_whose_best_is_not_faster_keeps_the_confirmed_record_and_says_s
     assert r2.best_us == 90.0 and second.speedup_text(r2) == "1.34x (±0%)"
     kernel = _kernel(url)
     assert kernel.extra["origin"] == "record" and kernel.config == c1.config
+
+
+@pytest.mark.parametrize(("known_later", "incumbent_stays"), [(180.0, True), (400.0, False)])
+def test_a_challenger_and_the_record_it_would_displace_are_confirmed_in_the_same_rounds(
+    url: str, capsys: pytest.CaptureFixture[str], known_later: float, incumbent_stays: bool
+) -> None:
+    """Run 1 confirms A 1.34x. Run 2 finds B, faster by its median: the confirmation measures B, A and the
+    default in the same rounds and stores both verdicts, so compile compares speed-ups measured together
+    (not run 1's against run 2's): A stays when it is still the faster one, B replaces it otherwise."""
+    task = _task()
+    first = _tune(url, Timings(task.default(), 269.0, 100.0, 200.0))
+    (r1,) = first.tasks
+    a = first.confirmation(r1)
+    assert a is not None and a.better
+    measurer = Measurer(
+        SimulatedBuilder(), SimulatedRunner(SecondRun(task.default(), _known(url, task), known_later))
+    )
+    second = tune(
+        "softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1, progress=True
+    )
+    printed = capsys.readouterr().out
+    with TuningDatabase.open(url) as db:
+        fresh = [c for c in db.find_confirmations(task.workload_key) if c.run_id == second.run_id]
+    assert sorted(config_json(c.config) == config_json(a.config) for c in fresh) == [False, True]
+    assert len({c.rounds for c in fresh}) == 1  # the same rounds
+    kernel = _kernel(url)
+    if incumbent_stays:
+        assert kernel.config == a.config and kernel.extra["record"]["speedup"] == pytest.approx(269 / 180)
+        assert "1.08x (±0%) over default; compile applies the record confirmed 1.49x (±0%)" in printed
+    else:
+        assert kernel.config != a.config and kernel.extra["record"]["speedup"] == pytest.approx(269 / 250)
