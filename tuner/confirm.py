@@ -26,8 +26,9 @@ What depends on it:
 - what the end of a run confirms is that rule's choice (:attr:`db.selection.Selection.to_confirm`): the
   lowest-median record of the task without a verdict when it beats what compile would apply, else the
   applied record (its confirmation is reused); when the former would displace a record confirmed faster,
-  that record is measured in the same rounds and confirmed again (:func:`measure_with_rival`). A round that fails is committed as a record of its status,
-  and a config with a failed measurement is never applied.
+  that record is measured in the same rounds and confirmed again (:func:`measure_with_rival`). A round
+  that fails is committed as a record of its status, and a config with a failed measurement is never
+  applied.
 """
 
 from __future__ import annotations
