@@ -9,6 +9,7 @@
 - ``models``: the ORM tables (``kiln_*``); ``migrate`` and ``migrations/``: alembic, version table
   ``kiln_alembic_version``
 - ``engine``: URL resolution (``--db``, ``KILN_DB``, ``sqlite:///kiln.db``) and engines; ``errors``
+- ``selection``: the rule that picks the record compile applies (confirmations first; ``select_record``)
 - ``exchange``: JSON Lines export/import and merge (``importer``: the import side)
 - ``canonical``: canonical JSON (from :mod:`compiler.canonical`), timestamps, record fingerprints
 - ``testing``: a throwaway PostgreSQL server for tests and benchmarks

@@ -11,26 +11,34 @@ two timings taken under the same conditions. What it stores:
   the rounds), ``speedup`` (median of the per-round ratios default / best) and ``spread`` (half the range of
   those ratios, relative to ``speedup``).
 
-The latest confirmation of (workload, target) is the one that counts. Confirmations travel with export,
-import and merge (duplicates skipped by fingerprint), so a database never receives a tuned record's
-speed-up without the confirmation it came from.
+Every confirmation is kept: the latest one of each *config* (by ``created_at``, then id) against the
+group's current default is that config's verdict, and :mod:`db.selection` (``select_record``) turns the
+verdicts and the records into the record compile applies. So a re-tune that confirms another config does
+not erase an earlier config's confirmed speed-up. Confirmations travel with export, import and merge
+(duplicates skipped by fingerprint, ``created_at`` kept), so a database never receives a tuned record's
+speed-up without the confirmation it came from, and a merged older verdict does not override a newer one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
 import json
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select
 
 from db.canonical import canonical_hash, canonical_json, check_latencies, config_problem, format_time, utc_now
-from db.core import DatabaseCore, host, kiln_version
+from db.core import BEST_ORDER, DatabaseCore, Validator, host, kiln_version, records_select
 from db.errors import InvalidRecordError
-from db.models import ConfirmationRow, TargetRow, WorkloadRow
-from db.records import Confirmation, ConfirmationIn
+from db.models import ConfirmationRow, RecordRow, TargetRow, WorkloadRow
+from db.records import Confirmation, ConfirmationIn, Record
+from db.selection import ConfigKey, Selection, choose
+from db.status import Status
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
@@ -184,6 +192,23 @@ def _select():  # type: ignore[no-untyped-def]
     )
 
 
+@functools.cache
+def _workload_confirmations():  # type: ignore[no-untyped-def]
+    """Every confirmation of (:wk, :tk) (built once: a reused statement skips SQLAlchemy's re-adaptation)."""
+    return _select().where(WorkloadRow.key == bindparam("wk"), TargetRow.key == bindparam("tk"))
+
+
+@functools.cache
+def _workload_records():  # type: ignore[no-untyped-def]
+    """Every record of (:wk, :tk): the failed ones first, then the ok ones in best order (streamed)."""
+    return (
+        records_select()
+        .where(WorkloadRow.key == bindparam("wk"), TargetRow.key == bindparam("tk"))
+        .order_by((RecordRow.status == Status.OK.value), *BEST_ORDER)
+        .execution_options(yield_per=64)
+    )
+
+
 class ConfirmationMixin(DatabaseCore):
     """Committing and reading confirmations."""
 
@@ -200,8 +225,9 @@ class ConfirmationMixin(DatabaseCore):
             return conn.execute(insert(ConfirmationRow).values(**values)).inserted_primary_key[0]
 
     def latest_confirmations(self, workload_keys: Iterable[str], target_key: str) -> dict[str, Confirmation]:
-        """The latest confirmation of each workload on the target (workloads without one are absent;
-        malformed stored rows are skipped)."""
+        """The most recently stored confirmation of each workload on the target, whatever config it
+        confirmed (workloads without one are absent; malformed stored rows are skipped). What compile applies
+        is decided over all of a workload's confirmations: :meth:`select_record`."""
         keys = sorted(set(workload_keys))
         out: dict[str, Confirmation] = {}
         latest = (
@@ -243,3 +269,51 @@ class ConfirmationMixin(DatabaseCore):
                 except InvalidRecordError:
                     continue
         return out
+
+    def select_record(
+        self,
+        workload_key: str,
+        target_key: str,
+        default_config: dict[str, Any],
+        *,
+        validate: Validator | None = None,
+    ) -> Selection:
+        """The record compile applies to (workload, target) whose group's default config is
+        ``default_config``, by the rule of :mod:`db.selection`. ``validate`` (the sketch's check) filters
+        records, as in :meth:`~db.queries.QueryMixin.best` (rejected ones are skipped with a warning), and
+        confirmations (silently: a confirmation of another sketch version is simply out of date)."""
+        params = {"wk": workload_key, "tk": target_key}
+        confirmations = []
+        failed: set[ConfigKey] = set()
+
+        def candidates(rows: Iterator[Row]) -> Iterator[Record]:
+            for row in rows:
+                rec, problem = self._candidate_problem(row, validate)
+                if problem is None:
+                    yield rec  # type: ignore[misc]
+                else:
+                    self._warn_skipped(row, problem)
+
+        with self._read("select the record to apply") as conn:
+            for row in conn.execute(_workload_confirmations(), params):
+                try:
+                    conf = to_confirmation(row)
+                except InvalidRecordError:
+                    continue
+                if validate is None or validate(conf) is None:  # type: ignore[arg-type]
+                    confirmations.append(conf)
+            result = conn.execute(_workload_records(), params)
+            try:
+                rows = iter(result)
+                first_ok = None
+                for row in rows:  # the failed measurements come first: their configs are left out
+                    if row.status == Status.OK.value:
+                        first_ok = row
+                        break
+                    with contextlib.suppress(ValueError):
+                        config = canonical_json(json.loads(row.config))
+                        failed.add((row.sketch, int(row.sketch_version), config))
+                ok_rows = itertools.chain([first_ok], rows) if first_ok is not None else iter(())
+                return choose(candidates(ok_rows), failed, confirmations, default_config)
+            finally:
+                result.close()

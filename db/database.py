@@ -11,6 +11,9 @@ PostgreSQL server):
 - ``best(workload, target)`` is the ok record with the lowest median; ties go to the earliest
   ``created_at``, then the lowest id. A ``validate`` hook (the sketch's knob-space check) can reject
   records: they are skipped with an :class:`~db.errors.InvalidRecordWarning` and never returned.
+- ``select_record(workload, target, default_config)`` is what compile applies: the rule of
+  :mod:`db.selection` over the records and every confirmation (confirmed faster first, confirmed not faster
+  keeps the default, else the lowest median).
 - JSON columns hold canonical JSON text, read back with ``json.loads`` only; nothing is unpickled or
   evaluated.
 """

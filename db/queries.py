@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy import bindparam, case, func, select
 from sqlalchemy.orm import aliased
 
+from db.canonical import canonical_json
 from db.core import BEST_ORDER, DatabaseCore, Validator, records_select, to_record
 from db.errors import AmbiguousKeyError, CorruptDatabaseError, InvalidRecordError, UnknownKeyError
-from db.models import ModelTaskRow, RecordRow, TargetRow, WorkloadRow
+from db.models import ConfirmationRow, ModelTaskRow, RecordRow, TargetRow, WorkloadRow
 from db.records import CoverageRow, PrunePlan, Record, WorkloadInfo
 from db.status import Status
 
@@ -47,6 +48,35 @@ def _best_many_statement():  # type: ignore[no-untyped-def]
     )
     ids = select(first).where(WorkloadRow.key.in_(bindparam("keys", expanding=True))).correlate(None)
     return records_select().where(RecordRow.id.in_(ids))
+
+
+def _canonical(config_text: str) -> str:
+    """A stored config JSON in canonical form (the text itself when it does not parse)."""
+    try:
+        return canonical_json(json.loads(config_text))
+    except ValueError:
+        return config_text
+
+
+def _ident(row) -> tuple[str, str, str, int, str]:  # type: ignore[no-untyped-def]
+    return (row[0], row[1], row.sketch, int(row.sketch_version), _canonical(row.config))
+
+
+@functools.cache
+def _confirmed_configs_statement():  # type: ignore[no-untyped-def]
+    """(workload key, target key, sketch, version, config) of every confirmation."""
+    return (
+        select(
+            WorkloadRow.key,
+            TargetRow.key,
+            ConfirmationRow.sketch,
+            ConfirmationRow.sketch_version,
+            ConfirmationRow.config,
+        )
+        .join(WorkloadRow, WorkloadRow.id == ConfirmationRow.workload_id)
+        .join(TargetRow, TargetRow.id == ConfirmationRow.target_id)
+        .distinct()
+    )
 
 
 class QueryMixin(DatabaseCore):
@@ -159,7 +189,11 @@ class QueryMixin(DatabaseCore):
     ) -> PrunePlan:
         """What :meth:`prune` would delete: per (workload, target), the ok records after the ``keep_top_k``
         best valid ones (``validate(record)`` returning None, and a structurally sound config), plus, without
-        ``keep_errors``, the records that are not ok. Invalid ok records are left alone and listed."""
+        ``keep_errors``, the records that are not ok. Invalid ok records are left alone and listed.
+
+        What compile's selection (:mod:`db.selection`) rests on is never deleted: the records of a config
+        that has a confirmation (they are kept beside the K best), and a failed record of a config that
+        keeps an ok record (it is what keeps that config from being applied)."""
         if keep_top_k < 1:
             raise InvalidRecordError(
                 f"prune keeps at least 1 record per workload and target, not {keep_top_k}"
@@ -170,26 +204,40 @@ class QueryMixin(DatabaseCore):
         doomed: list[Record] = []
         left_alone: list[tuple[int, str]] = []
         kept: dict[tuple[str, str], int] = {}
+        kept_configs: set[tuple[str, str, str, int, str]] = set()
+        beside = 0  # records of confirmed configs, kept beside the K best
         with self._read("plan a prune") as conn:
             rows = conn.execute(stmt).all()
+            confirmed = {
+                (wk, tk, sketch, int(version), _canonical(config))
+                for wk, tk, sketch, version, config in conn.execute(_confirmed_configs_statement())
+            }
         for row in rows:
             if row.status != Status.OK.value:
-                if not keep_errors:
-                    try:
-                        doomed.append(to_record(row))
-                    except InvalidRecordError as exc:
-                        left_alone.append((row.id, str(exc)))
                 continue
             rec, problem = self._candidate_problem(row, validate)
             if problem is not None or rec is None:
                 left_alone.append((row.id, problem or "malformed"))
                 continue
-            group = (row[0], row[1])
-            if kept.get(group, 0) < keep_top_k:
+            ident, group = _ident(row), (row[0], row[1])
+            if ident in confirmed:
+                kept_configs.add(ident)  # beside the K best: compile's selection rests on it
+                beside += 1
+            elif kept.get(group, 0) < keep_top_k:
                 kept[group] = kept.get(group, 0) + 1
+                kept_configs.add(ident)
             else:
                 doomed.append(rec)
-        return PrunePlan(keep_top_k, keep_errors, tuple(doomed), sum(kept.values()), tuple(left_alone))
+        for row in rows if not keep_errors else ():
+            if row.status == Status.OK.value or _ident(row) in kept_configs:
+                continue  # a kept config's failed measurement keeps it from being applied (db.selection)
+            try:
+                doomed.append(to_record(row))
+            except InvalidRecordError as exc:
+                left_alone.append((row.id, str(exc)))
+        return PrunePlan(
+            keep_top_k, keep_errors, tuple(doomed), sum(kept.values()) + beside, tuple(left_alone)
+        )
 
     def find_records(
         self,

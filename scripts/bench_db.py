@@ -6,6 +6,9 @@ synchronous_commit on):
 
 - ``best()`` latency on a database of 100k records over 1k workloads (target: median < 2 ms);
 - ``best_many()`` for 100 workloads at once;
+- ``select_record()`` latency (what compile asks per kernel: the records and every confirmation of the
+  workload, :mod:`db.selection`), each workload with a confirmation of its third-best ok config (faster)
+  and of its best one (not faster), timed in the same rounds as ``best()``;
 - commit throughput in records/s with one writer and with four writer processes (``commit_record``, one
   transaction per record, the way the tuner commits).
 
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from db.database import RecordIn, TuningDatabase  # noqa: E402
+from db.records import ConfirmationIn  # noqa: E402
 
 TARGET = "cpu/x86_64/bench/2"
 OTHER_TARGET = "cuda/sm_90/bench"
@@ -69,18 +73,37 @@ def populate(db: TuningDatabase, n_records: int, n_workloads: int, seed: int = 0
         db.commit_records(batch)
 
 
+DEFAULT = {"tile": 8, "vector": 1}  # no record has it (each config has a unique "j")
+
+
+def confirm_some(db: TuningDatabase, n_workloads: int) -> None:
+    """Per workload, confirm its best ok config not faster and its third best faster (the rule then reads
+    past a not-faster record and an unconfirmed one to reach the confirmed one)."""
+    for i in range(n_workloads):
+        top = db.top_k(workload_key(i), TARGET, 3)
+        for rec, faster in ((top[0], False), (top[-1], True)):
+            best = [100.0] * 3
+            db.commit_confirmation(
+                ConfirmationIn(rec.workload_key, TARGET, "pointwise", 1, rec.config, DEFAULT, best,
+                               [150.0 if faster else 50.0] * 3)
+            )  # fmt: skip
+
+
 def time_best(db: TuningDatabase, n_workloads: int, calls: int = 2000, seed: int = 1) -> dict[str, float]:
     rng = random.Random(seed)
     keys = [workload_key(rng.randrange(n_workloads)) for _ in range(calls)]
     for k in keys[:50]:  # warm up connections and statement caches
         db.best(k, TARGET)
-    times = []
-    for k in keys:
-        t0 = time.perf_counter()
-        found = db.best(k, TARGET)
-        times.append((time.perf_counter() - t0) * 1e3)
-        assert found is not None
+        db.select_record(k, TARGET, DEFAULT)
+    times, selects = [], []
+    for i, k in enumerate(keys):  # the two alternate which goes first
+        for which in ("best", "select") if i % 2 == 0 else ("select", "best"):
+            t0 = time.perf_counter()
+            found = db.best(k, TARGET) if which == "best" else db.select_record(k, TARGET, DEFAULT).record
+            (times if which == "best" else selects).append((time.perf_counter() - t0) * 1e3)
+            assert found is not None
     times.sort()
+    selects.sort()
     many = []
     for _ in range(20):
         chunk = [workload_key(rng.randrange(n_workloads)) for _ in range(100)]
@@ -92,6 +115,8 @@ def time_best(db: TuningDatabase, n_workloads: int, calls: int = 2000, seed: int
         "best_p90_ms": times[int(0.9 * len(times))],
         "best_p99_ms": times[int(0.99 * len(times))],
         "best_many_100_ms": statistics.median(many),
+        "select_median_ms": statistics.median(selects),
+        "select_p99_ms": selects[int(0.99 * len(selects))],
     }
 
 
@@ -126,6 +151,7 @@ def bench_backend(name: str, url: str, args: argparse.Namespace) -> dict[str, fl
         populate(db, args.records, args.workloads)
         fill_s = time.perf_counter() - t0
         assert db.count_records() == args.records
+        confirm_some(db, args.workloads)
         result = time_best(db, args.workloads)
     result["fill_records_per_s"] = args.records / fill_s
     result["commit_1_writer_per_s"] = time_commits(url, 1, args.commits)
@@ -158,15 +184,17 @@ def main() -> int:
 
     print(f"{args.records:,} records over {args.workloads:,} workloads; Python {platform.python_version()}\n")
     print(
-        "| backend | best() median | best() p90 | best() p99 | best_many(100) | bulk fill | "
-        "commit, 1 writer | commit, 4 writers |"
+        "| backend | best() median | best() p90 | best() p99 | best_many(100) | select_record() median | "
+        "select_record() p99 | bulk fill | commit, 1 writer | commit, 4 writers |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         print(
             f"| {name} | {r['best_median_ms']:.3f} ms | {r['best_p90_ms']:.3f} ms | "
             f"{r['best_p99_ms']:.3f} ms | "
-            f"{r['best_many_100_ms']:.1f} ms | {r['fill_records_per_s']:,.0f} rec/s | "
+            f"{r['best_many_100_ms']:.1f} ms | {r['select_median_ms']:.3f} ms | "
+            f"{r['select_p99_ms']:.3f} ms | "
+            f"{r['fill_records_per_s']:,.0f} rec/s | "
             f"{r['commit_1_writer_per_s']:,.0f} rec/s | {r['commit_4_writers_per_s']:,.0f} rec/s |"
         )
     return 0

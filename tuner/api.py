@@ -4,12 +4,14 @@
   with Optuna (optionally filtered by a cost model), measures candidates on the target and commits every
   result to the database under one run; it returns a :class:`TuneSummary`. ``kiln tune`` is this function
   plus argument parsing and printing. The run row is closed (its end time set) whatever happens.
-  At the end of a run that was not interrupted, each task's best candidate and its default are measured
-  again in interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's
-  speed-ups come from those confirmations.
-- ``compile(model, target, db)`` is :func:`compiler.build.compile` with the database's best valid record
-  for each group (``db`` is a TuningDatabase or a URL); groups without a record, and groups whose record
-  was confirmed not faster than the default, use their sketch's default.
+  At the end of a run that was not interrupted, each task's candidate (what compile would apply, or the
+  record that would displace it: :func:`tuner.confirm.to_confirm`) and its default are measured again in
+  interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's speed-ups come
+  from the confirmations of the records compile applies.
+- ``compile(model, target, db)`` is :func:`compiler.build.compile` with the record the selection rule of
+  :mod:`db.selection` picks for each group (``db`` is a TuningDatabase or a URL): confirmed faster first,
+  the default schedule where a record was confirmed not faster (and none faster), else the lowest median;
+  groups without a record use their sketch's default.
   Each region's stored fusion plan is applied when it beats the rules' plan (:mod:`tuner.plan_search`);
   a stale one (edges the region no longer has) is reported in ``meta["fusion_plans"]`` and skipped.
 """
@@ -37,7 +39,14 @@ from db.database import TuningDatabase
 from db.engine import sqlite_path
 from db.leases import WORKER, Leases, lease_key
 from db.records import Confirmation
-from tuner.confirm import DEFAULT_ROUNDS, ConfirmFailure, confirm_tasks, speedup_text
+from tuner.confirm import (
+    DEFAULT_ROUNDS,
+    ConfirmFailure,
+    applied_text,
+    confirm_tasks,
+    selection,
+    speedup_text,
+)
 from tuner.cost_filter import make_candidate_filter
 from tuner.measure import Measurer, create_measurer
 from tuner.plan_search import (
@@ -70,7 +79,8 @@ def compile(
     plan: FusionPlan | None = None,
     fusion_plans: bool = True,
 ) -> Any:
-    """Compile ``model`` for ``target``; with ``db``, each group uses its best valid tuning record and
+    """Compile ``model`` for ``target``; with ``db``, each group uses the tuning record the selection rule
+    picks (:mod:`db.selection`: confirmed faster first, never one confirmed not faster) and
     (with ``fusion_plans``, unless ``plan`` is given) each region its stored fusion plan when it beats the
     rules'. Returns the target backend's compiled model (``run``, ``timeit``, ``save``); with ``db``, its
     ``meta["fusion_plans"]`` says which plans were applied and which were skipped and why."""
@@ -159,11 +169,13 @@ class TuneSummary:
         return self.confirmations.get(result.task.workload_key)
 
     def speedup_text(self, result: TaskResult) -> str:
-        """The task's speed-up over its default as the CLI prints it: ``1.42x (±3%)`` from the confirmation,
-        ``default`` when the best config found is the default itself, or ``unconfirmed``."""
+        """The task's speed-up over its default as the CLI prints it: ``1.42x (±3%)`` from the confirmation
+        (of the config the end of the run confirmed: :func:`tuner.confirm.to_confirm`), ``default`` when the
+        best config found is the default itself, or ``unconfirmed``."""
+        conf = self.confirmation(result)
         best, default = result.best_config, result.task.default()
-        is_default = best is not None and config_json(best) == config_json(default)
-        return speedup_text(self.confirmation(result), is_default)
+        is_default = conf is None and best is not None and config_json(best) == config_json(default)
+        return speedup_text(conf, is_default)
 
     plans: list[PlanOutcome] = field(default_factory=list)  # fusion-plan search: one per searched region
 
@@ -530,14 +542,25 @@ def tune(
                     confirming = list({t.task.workload_key: t for t in [*tuners, *extra]}.values())
                     for t in confirming:
                         t.refresh()
+                    # what compile would apply by the selection rule (db.selection), or the record that
+                    # would displace it: the lowest median, which alone is not trusted under load
+                    chosen = {t.task.workload_key: selection(database, t.task) for t in confirming}
+                    rivals = {k: sel.rival for k, sel in chosen.items() if sel.rival is not None}
                     confirmed, failures = confirm_tasks(
-                        [(t.task, t.state.best_config) for t in confirming],
+                        [(t.task, chosen[t.task.workload_key].to_confirm) for t in confirming],
                         database,
                         measurer,
                         rounds=confirm_rounds,
                         run_id=run_id,
-                        on_task=_confirm_printer(progress, progress_file, confirm_rounds),
+                        on_task=_confirm_printer(progress, progress_file, confirm_rounds, database),
+                        rivals=rivals,
                     )
+                    # the summary's speed-up of a task is that of the record compile applies (an earlier
+                    # run's confirmed record can outlive this run's candidate confirmed not faster)
+                    for t in confirming:
+                        applied = selection(database, t.task).confirmation
+                        if applied is not None:
+                            confirmed[t.task.workload_key] = applied
                 except KeyboardInterrupt:
                     interrupted = True
             outcome = "interrupted" if interrupted else "complete"
@@ -588,7 +611,7 @@ def tune(
 
 
 def _confirm_printer(
-    progress: bool, file: TextIO | None, rounds: int
+    progress: bool, file: TextIO | None, rounds: int, db: TuningDatabase
 ) -> Callable[[Task, Confirmation | ConfirmFailure | None], None] | None:
     """What ``kiln tune`` prints as each task's best candidate is confirmed (None: print nothing)."""
     if not progress:
@@ -596,13 +619,16 @@ def _confirm_printer(
 
     def show(task: Task, outcome: Confirmation | ConfirmFailure | None) -> None:
         if isinstance(outcome, ConfirmFailure):
-            text = f"not confirmed ({outcome.error})"
+            text = f"not confirmed ({outcome.error}); {applied_text(selection(db, task))}"
         elif outcome is None:
             text = "the best config found is the default (nothing to confirm)"
         else:
             text = f"{speedup_text(outcome)} over default"
+            sel = selection(db, task)
             if not outcome.better:
-                text += ": not faster, compile keeps the default"
+                text += f": not faster, {applied_text(sel)}"
+            elif sel.confirmation is None or sel.confirmation.id != outcome.id:
+                text += f"; {applied_text(sel)}"  # another record confirmed faster stays
         n = outcome.rounds if isinstance(outcome, Confirmation) else rounds
         print(f"confirm {task.name} ({n} interleaved rounds): {text}", file=file or sys.stdout, flush=True)
 

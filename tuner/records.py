@@ -4,13 +4,14 @@ A record is only applied to the workload and target it was measured on, by the s
 version that produced it, and only if its config still passes the sketch's check; anything else is
 skipped with a warning naming the record (the database does the warning; we give the reason).
 
-The apply rule for confirmations (:mod:`tuner.confirm`): when the best valid record's config has a
-confirmation against the group's current default and it was *not* faster (median of the interleaved
-per-round ratios, or the ratio of the fastest rounds, at most 1: ``Confirmation.better``), the default is
-used and the kernel says so (``record.kept_default``); a confirmed faster record is applied with its
-speed-up and spread; a record whose config is the default itself is applied (``default_is_best``); any
-other record without a confirmation (an older database, an interrupted run) is applied as before and
-marked ``confirmed: false``."""
+Which record a group gets is the selection rule of :mod:`db.selection` (``TuningDatabase.select_record``),
+the one rule every path that applies a record goes through: a record confirmed faster than the default
+beats every other (the highest confirmed speed-up among several); when a config of the workload was
+confirmed *not* faster (and none faster) the default schedule is kept (``record.kept_default`` says why);
+otherwise the lowest median, marked ``confirmed: false`` (``default_is_best`` when it is the default config
+itself). A config with a failed measurement (a confirmation round or a re-measurement that was not ok) is
+never applied. The info handed to compile carries ``standing`` (confirmed, unconfirmed, default_is_best,
+kept_default)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from compiler.backends import sketch_for
 from compiler.errors import KilnError, ScheduleError
 from compiler.fusion import Group, group_from_workload
 from compiler.target import Target
-from tuner.confirm import matches, speedup_text
-from tuner.space import config_json
+from db.selection import CONFIRMED, DEFAULT_IS_BEST, KEPT_DEFAULT, Selection
+from tuner.confirm import speedup_text
 
 
 def validator_for(group: Group, target: Target) -> Callable[[Any], str | None]:
@@ -51,23 +52,36 @@ def database_config_source(db: Any):
         db = TuningDatabase.open(db, create=False)
 
     def source(group: Group, target: Target):
-        rec = db.best(group.workload_key, target.key, validate=validator_for(group, target))
-        if rec is None:
-            return None
-        info: dict[str, Any] = {"id": rec.id, "median_us": rec.median_us, "confirmed": False}
-        conf = db.latest_confirmation(group.workload_key, target.key)
         default = sketch_for(group, target).default(group, target)
-        if config_json(rec.config) == config_json(default):
-            info["default_is_best"] = True  # nothing to confirm: the record is the default config
-        elif matches(conf, rec.sketch, rec.sketch_version, rec.config, default):
-            assert conf is not None
-            info.update(confirmed=True, speedup=conf.speedup, spread=conf.spread, rounds=conf.rounds)
-            if not conf.better:
-                info["kept_default"] = f"confirmed {speedup_text(conf)} of the default: not faster"
-                return rec.sketch, None, "default", info
-        return rec.sketch, dict(rec.config), "record", info
+        sel = db.select_record(group.workload_key, target.key, default, validate=validator_for(group, target))
+        return applied(sel)
 
     return source
+
+
+def applied(sel: Selection) -> tuple[str, dict | None, str, dict[str, Any]] | None:
+    """A :class:`db.selection.Selection` as a build.ConfigSource answer: (sketch, config or None for the
+    default, origin, info), or None when there is no record."""
+    conf = sel.confirmation
+    if sel.standing == KEPT_DEFAULT:
+        info: dict[str, Any] = {"standing": KEPT_DEFAULT, "confirmed": conf is not None}
+        if conf is not None:
+            info.update(speedup=conf.speedup, spread=conf.spread, rounds=conf.rounds)
+            info["kept_default"] = f"confirmed {speedup_text(conf)} of the default: not faster"
+            return conf.sketch, None, "default", info
+        info["kept_default"] = f"its config had a measurement that was not ok ({sel.failed} left out)"
+        return "", None, "default", info
+    rec = sel.record
+    if rec is None:
+        return None
+    info = {"id": rec.id, "median_us": rec.median_us, "standing": sel.standing, "confirmed": False}
+    if sel.standing == DEFAULT_IS_BEST:
+        info["default_is_best"] = True  # nothing to confirm: the record is the default config
+    elif sel.standing == CONFIRMED and conf is not None:
+        info.update(confirmed=True, speedup=conf.speedup, spread=conf.spread, rounds=conf.rounds)
+    if sel.failed:
+        info["left_out_failed"] = sel.failed  # configs with a measurement that was not ok
+    return rec.sketch, dict(rec.config), "record", info
 
 
 def workload_validator(db: Any, target_key: str) -> Callable[[Any], str | None]:
@@ -89,4 +103,4 @@ def workload_validator(db: Any, target_key: str) -> Callable[[Any], str | None]:
     return validate
 
 
-__all__ = ["database_config_source", "validator_for", "workload_validator"]
+__all__ = ["applied", "database_config_source", "validator_for", "workload_validator"]

@@ -81,7 +81,7 @@ def test_rounds_alternate_which_config_runs_first() -> None:
     order = ["best" if c == config_json(best) else "default" for _, c in runner.history]
     assert order == ["best", "default", "default", "best", "best", "default", "default", "best"]
     failing, _ = _measurer({config_json(best): 200.0})  # the default has no timing: a runtime error
-    assert "round 1: the default measured runtime_error" in measure_rounds(task, best, failing)
+    assert "round 1: the default measured runtime_error" in measure_rounds(task, best, failing).error
 
 
 def test_confirmation_rounds_build_both_configs_once() -> None:

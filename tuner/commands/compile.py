@@ -3,9 +3,11 @@
 `kiln compile --db URL` / `--use-db` only reads the tuning database: one that does not exist is an error
 (never created empty). A model whose buffers do not fit in memory is refused with the bytes it needs.
 
-The compile report says, per kernel that did not use a record, why: no record, or a record confirmed not
-faster than the default (:mod:`tuner.confirm`); records applied without a confirmation are counted as
-unconfirmed. When no kernel found a record for this machine's target key but the database holds records
+The compile report says which record each kernel uses by the selection rule of :mod:`db.selection` and
+counts them: records confirmed faster than the default, unconfirmed ones (the lowest median: no
+confirmation against the current default), default configs that measured best, kernels that keep the
+default schedule because a record of theirs was confirmed not faster (or failed), and kernels without a
+record. When no kernel found a record for this machine's target key but the database holds records
 for other targets of the same kind (another CPU model or ISA level, another GPU), the report names them
 and says how to proceed instead of applying them."""
 
@@ -19,6 +21,7 @@ from collections.abc import Callable
 
 from compiler.errors import KilnError
 from compiler.target import tf32_spec
+from db.selection import STANDINGS
 from tuner.commands.common import (
     DEFAULT_DB_HELP,
     add_model_arg,
@@ -32,8 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "compile",
         help="compile a model (with the best tuning records when --db is given)",
-        description="Compile a model for a target. With --db, each kernel uses its best valid tuning record "
-        "for the target; kernels without one use the rule-based default schedule.",
+        description="Compile a model for a target. With --db, each kernel uses the tuning record the "
+        "selection rule picks for the target (a record confirmed faster than the default first; none "
+        "where a record was confirmed not faster; else the lowest median); kernels without one use the "
+        "rule-based default schedule.",
     )
     add_model_arg(p)
     p.add_argument("--target", default="cpu", help="cpu (this host), cuda, or a full target key")
@@ -95,6 +100,8 @@ def run_compile(args: argparse.Namespace) -> int:
         for k in model.kernels
         if k.extra.get("origin") != "record" and (k.extra.get("record") or {}).get("kept_default")
     }
+    standings = {k.name: _standing(k) for k in model.kernels if k.workload_key}
+    counts = {s: sum(1 for v in standings.values() if v == s) for s in STANDINGS}
     args.result = {
         "model": graph.name,
         "target": model.target.key,
@@ -103,6 +110,7 @@ def run_compile(args: argparse.Namespace) -> int:
         "kernels_from_records": len(tuned) if db is not None else None,
         "unconfirmed_records": unconfirmed if db is not None else None,
         "kept_default": kept if db is not None else None,
+        "selection": counts if db is not None else None,
         "default_schedule": [k.name for k in model.kernels if k.extra.get("origin") != "record"],
         "other_targets": None,
     }
@@ -116,6 +124,12 @@ def run_compile(args: argparse.Namespace) -> int:
         print(
             f"coverage: {len(tuned)} of {len(model.kernels)} kernels use tuning records"
             + (f" ({len(unconfirmed)} unconfirmed)" if unconfirmed else "")
+        )
+        print(
+            f"selection: {counts['confirmed']} confirmed faster than the default, {counts['unconfirmed']} "
+            f"unconfirmed (lowest median), {counts['default_is_best']} default config measured best; "
+            f"{counts['kept_default']} keep the default schedule (confirmed not faster), "
+            f"{counts['no_record']} without a record"
         )
         for k in model.kernels:
             if k.extra.get("origin") == "record":
@@ -140,6 +154,15 @@ def run_compile(args: argparse.Namespace) -> int:
                     "(kiln tune), or pass --target with one of those keys to apply its records anyway"
                 )
     return 0
+
+
+def _standing(kernel) -> str:
+    """How the selection rule (:mod:`db.selection`) placed a kernel; a record that no longer builds counts
+    as keeping the default."""
+    info = kernel.extra.get("record") or {}
+    if kernel.extra.get("origin") != "record" and info.get("kept_default"):
+        return "kept_default"
+    return info.get("standing", "no_record")
 
 
 def _other_targets(db, target_key: str) -> list[str]:

@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = qsub.add_parser(
         "best",
         parents=[formatted],
-        help="best record per task of a model (or of one workload) on a target",
+        help="the record compile applies per task of a model (or of one workload) on a target",
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument(
@@ -155,12 +155,19 @@ def _query_best(args: argparse.Namespace) -> int:
                 raise _no_tasks(args.model)
         else:
             tasks = [(db.resolve_workload(args.workload), 1.0)]
-        best = db.best_many([k for k, _ in tasks], target, validate=workload_validator(db, target))
+        keys = [k for k, _ in tasks]
+        best = db.best_many(keys, target, validate=workload_validator(db, target))
         confirmed = db.latest_confirmations(list(best), target)
+        chosen = _selections(db, keys, target)
         kinds = {w.key: w.kind for w in db.workloads(args.model)} if args.model else {}
     rows = []
     for key, weight in tasks:
-        rec = best.get(key)
+        sel = chosen.get(key)
+        if sel is not None:  # a Kiln workload: what compile applies (db.selection)
+            rec, vs_default = sel.record, _standing_text(sel)
+        else:  # not a Kiln workload (imported from elsewhere): its lowest median
+            rec = best.get(key)
+            vs_default = _vs_default(rec, confirmed.get(key)) if rec else None
         rows.append(
             {
                 "workload": _short(key, args.format),
@@ -169,7 +176,7 @@ def _query_best(args: argparse.Namespace) -> int:
                 "sketch": rec.sketch if rec else None,
                 "version": rec.sketch_version if rec else None,
                 "median_us": rec.median_us if rec else None,
-                "vs_default": _vs_default(rec, confirmed.get(key)) if rec else None,
+                "vs_default": vs_default,
                 "config": rec.config if rec else None,
                 "record": rec.id if rec else None,
             }
@@ -193,6 +200,45 @@ def _query_best(args: argparse.Namespace) -> int:
         tuned = sum(1 for key, _ in tasks if key in best)
         print(f"\n{tuned}/{len(tasks)} tasks tuned on {target}")
     return 0
+
+
+def _selections(db, keys: list[str], target_key: str) -> dict:  # type: ignore[no-untyped-def]
+    """The selection (:meth:`~db.database.TuningDatabase.select_record`) of each Kiln workload in ``keys``;
+    workloads whose canonical form is not a Kiln group are absent."""
+    from compiler.backends import sketch_for
+    from compiler.fusion import group_from_workload
+    from compiler.target import Target
+    from tuner.records import validator_for
+
+    target = Target.parse(target_key)
+    out = {}
+    for key in keys:
+        try:
+            group = group_from_workload(db.workload_canonical(key))
+            default = sketch_for(group, target).default(group, target)
+        except KilnError:
+            continue
+        out[key] = db.select_record(key, target_key, default, validate=validator_for(group, target))
+    return out
+
+
+def _standing_text(sel) -> str | None:  # type: ignore[no-untyped-def]
+    """``vs_default`` of a selection: the confirmed speed-up, ``unconfirmed``, ``default`` (the default config
+    measured best), ``default kept (...)`` (a record confirmed not faster), or None without records."""
+    from db.selection import CONFIRMED, DEFAULT_IS_BEST, KEPT_DEFAULT, UNCONFIRMED
+    from tuner.confirm import speedup_text
+
+    if sel.standing == CONFIRMED:
+        return speedup_text(sel.confirmation)
+    if sel.standing == UNCONFIRMED:
+        return "unconfirmed"
+    if sel.standing == DEFAULT_IS_BEST:
+        return "default"
+    if sel.standing == KEPT_DEFAULT:
+        if sel.confirmation is not None:
+            return f"default kept (confirmed {speedup_text(sel.confirmation)}: not faster)"
+        return "default kept (its config had a failed measurement)"
+    return None
 
 
 def _vs_default(rec, conf) -> str:  # type: ignore[no-untyped-def]
