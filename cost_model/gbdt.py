@@ -330,6 +330,7 @@ class GBDTModel(CostModel):
         self.center = center
         self.rank_objective = rank_objective
         self.inline_below = int(inline_below)
+        self.warmed = False  # warm_up() ran
         if prior_trust < 0:
             raise ValueError(f"prior_trust must be >= 0, got {prior_trust}")
         self.prior_trust = float(prior_trust)
@@ -364,6 +365,15 @@ class GBDTModel(CostModel):
         self.n_updates += len(lat)
         if fit or len(self.lat) <= self.inline_below:  # a fit on this little data costs milliseconds
             self.fit_if_due()
+
+    def warm_up(self) -> None:
+        """Import the learning library (LightGBM for ``rank``, scikit-learn for the regressions: about a
+        second the first time) so that the first fit in line (``inline_below``) does not wait for it."""
+        if self.target == "rank":
+            import lightgbm  # noqa: F401
+        else:
+            import sklearn.ensemble  # noqa: F401
+        self.warmed = True
 
     def fit_if_due(self) -> bool:
         due = self.min_fit if self.forest is None else self.n_fit + self.refit_every
