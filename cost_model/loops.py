@@ -137,6 +137,15 @@ class Access:
         flat = min(flat, max(1, self.buffer.numel))
         return min(elems, flat), min(lines, max(1, -(-flat * self.itemsize // 64)))
 
+    def pages(self, inner: dict[int, int], page: int = 4096) -> int:
+        """Distinct ``page``-byte pages touched while ``inner`` loops iterate: at most its cache lines, at
+        most the pages of its flat index range (+1 for a range that straddles a page boundary)."""
+        _, lines = self.footprint(inner)
+        flat = 1 + sum(abs(c) * (inner[u] - 1) for u, c in self.flat.items() if u in inner)
+        flat += sum(span - 1 for uids, span in self.flat_atoms if uids & inner.keys())
+        flat = min(flat, max(1, self.buffer.numel))
+        return max(1, min(lines, -(-flat * self.itemsize // page) + 1))
+
 
 @dataclass
 class StoreInfo:

@@ -75,6 +75,11 @@ class CostModel(ABC):
         """Retrain if enough data arrived since the last fit; returns whether it did (no-op by default)."""
         return False
 
+    def warm_up(self) -> None:
+        """Load what a fit needs (e.g. import the learning library) so that a later fit in line does not pay
+        for it; the search calls this in its background step. No-op by default."""
+        return None
+
     @abstractmethod
     def predict(self, features: Any) -> np.ndarray:
         """One score per row of ``features``; higher means faster."""

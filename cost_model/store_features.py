@@ -47,6 +47,7 @@ STORE_FIELDS = (
     "log_traffic_l1",  # bytes brought into L1 (misses), by the cache placement rule
     "log_traffic_l2",
     "log_traffic_l3",
+    "log_tlb_misses",  # first-level data TLB misses, by the same placement rule as the caches
     "log_intensity",  # flops per byte of L2 traffic
     "log_reuse_dist",  # bytes touched between two uses of the most reused read
     "log_reuse_ct",  # times that read is reused by its reuse loop
@@ -96,6 +97,10 @@ class Machine:
     bw_l2: float = 64.0  # bytes per cycle into L1 (from L2)
     bw_l3: float = 32.0
     bw_dram: float = 8.0
+    # first-level data TLB: entries (4 KiB pages) and the cycles a load waits when it misses it and hits the
+    # second level (Zen 4: 72 entries, 7 cycles; Intel cores 64-96 entries, 7-9 cycles)
+    dtlb_pages: int = 64
+    tlb_cycles: float = 7.0
     fork_cycles: float = 3000.0  # one OpenMP parallel region
     launch_cycles: float = 6000.0  # one kernel launch (GPU)
     sm_lanes: float = 128.0
@@ -320,6 +325,16 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         return 64.0 * sum(lines_at[j][1]) * outer
 
     t1, t2, t3 = traffic(m.l1 * 0.5), traffic(m.l2 * 0.5), traffic(m.l3 * 0.8)
+    # first-level TLB misses, placed like a cache: the pages of the outermost level that fits the TLB's
+    # entries, counted over the loop just outside it. A B panel read in place from a wide matrix touches a
+    # new page every row or two of K (a 768-column matrix: 3072-byte rows), so every step of the K loop
+    # misses the TLB once K x 4 KiB exceeds its reach; the packed panel (NR x 4 bytes a row, back to back)
+    # stays in a few pages.
+    pages_at = [sum(a.pages(inner_loops(loops, level)) for a in mem) for level in range(depth + 1)]
+    tlb_fit = next((level for level in range(depth + 1) if pages_at[level] <= m.dtlb_pages), depth)
+    tlb = 0.0
+    if tlb_fit > 0 and not m.gpu:
+        tlb = float(pages_at[tlb_fit - 1] * math.prod(lp.extent for lp in loops[: tlb_fit - 1]))
     unique_bytes, unique_lines = lines_at[0][0] if lines_at else 0, sum(lines_at[0][1]) if lines_at else 0
     nbytes = trip * sum(a.itemsize for a in mem)
 
@@ -377,6 +392,8 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         memory = max(0.0, t1 - t2) / m.bw_l2 + max(0.0, t2 - t3) / m.bw_l3 + t3 / m.bw_dram
     # the core's own limits overlap almost fully; memory overlaps with them only partly
     core = max(compute, latency, ldst) + 0.1 * (compute + latency + ldst - max(compute, latency, ldst))
+    # a load that misses the TLB delays the operations that wait for it: not overlapped with the core's limits
+    core += tlb * m.tlb_cycles
     memory = max(0.0, memory)
     cycles = math.hypot(core, memory) / speedup
 
@@ -410,6 +427,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         lg(t1),
         lg(t2),
         lg(t3),
+        lg(tlb),
         lg(trip * s.flops / max(1.0, t2)),
         lg(reuse_dist),
         lg(reuse_ct),
@@ -444,6 +462,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         "traffic_l1": t1,
         "traffic_l2": t2,
         "traffic_l3": t3,
+        "tlb_misses": tlb,
         "ops": flop_work,
         "flops": trip * s.flops,
         "bytes": nbytes,

@@ -285,6 +285,7 @@ class CostFilter:
         new candidates. Never raises (logged, like every model error)."""
         t0 = time.perf_counter()
         try:
+            self.model.warm_up()  # a cold model's next fit may run in line (GBDTModel.inline_below)
             self.model.fit_if_due()
         except Exception:
             log.exception("cost model: refitting failed; keeping the previous fit")

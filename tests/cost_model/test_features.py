@@ -141,3 +141,15 @@ def test_extraction_is_memoized():
     again = [fx.for_task(task, c) for c in configs]
     assert fx.hits == len(configs) and fx.misses == len(configs)
     assert all(a is b for a, b in zip(first, again))  # the memo returns what it computed, not a recomputation
+
+
+def test_tlb_misses_of_a_b_panel_read_in_place():
+    # B of 1024 columns: rows 4 KiB apart, so the K loop of the micro-kernel touches a new page every step
+    # when B is read in place (512 pages, beyond a first-level TLB) and a few pages when B is packed
+    task = _matmul(m=64, k=512, n=1024)
+    packed = dict(task.default(), mr=4, nr=32, vector=16, pack_a=0, pack_b=1, mc_tiles=1, nc_tiles=1)
+    in_place = dict(packed, pack_b=0)
+    assert f(task, in_place, "s0_log_tlb_misses") > f(task, packed, "s0_log_tlb_misses") + 3
+    assert f(task, in_place, "est_log_cycles") > f(task, packed, "est_log_cycles")
+    small = _matmul(m=32, k=16, n=64)  # all of it in a few pages: no misses
+    assert f(small, small.default(), "s0_log_tlb_misses") == 0.0

@@ -82,7 +82,7 @@ def test_gbdt_refits_adaptively_and_blends_with_the_prior_while_data_is_scarce()
 
 def test_inline_below_fits_small_data_at_once_even_when_asked_to_wait(tmp_path):
     x, lat, wl = synthetic(1, 40)
-    waits = GBDTModel(seed=0)
+    waits = GBDTModel(seed=0, inline_below=0)
     waits.update(x[:8], lat[:8], wl[:8], fit=False)
     assert waits.fits == 0 and waits.fit_if_due() and waits.fits == 1
     model = GBDTModel(seed=0, inline_below=16)
@@ -139,10 +139,20 @@ def test_rank_target_boosts_from_the_analytic_prior():
     np.testing.assert_array_equal(model.predict(x), -x[:, EST_INDEX].astype(np.float64))
     model.update(x[:120], lat[:120], wl[:120])
     assert model.fits == 1 and spearman(model.predict(x[120:]), lat[120:]) > 0.95  # the prior kept
-    x[:, EST_INDEX] = 0.0  # a useless prior: the trees must learn the whole order
-    model = GBDTModel(seed=0)
-    model.update(x[:120], lat[:120], wl[:120])
-    assert spearman(model.predict(x[120:]), lat[120:]) > 0.7
+    # a useless prior: the trees must learn the order of an unseen workload. LambdaMART's grades stop 15
+    # steps of 2^(1/4) below a workload's best, so it learns the top of the order (top-k), not all of it;
+    # one small draw is noisy, so four draws against random scores
+    from cost_model.evaluate import top_k_score
+
+    learned, chance = [], []
+    for seed in range(4):
+        x, lat, wl = synthetic(3, 60, seed=seed)
+        x[:, EST_INDEX] = 0.0
+        model = GBDTModel(seed=0)
+        model.update(x[:120], lat[:120], wl[:120])
+        learned.append(top_k_score(model.predict(x[120:]), lat[120:], 5))
+        chance.append(top_k_score(np.random.default_rng(seed).random(60), lat[120:], 5))
+    assert np.mean(learned) > np.mean(chance) + 0.3
 
 
 def test_forest_matches_lightgbm():
@@ -340,17 +350,17 @@ def test_transfer_to_an_unseen_workload_is_weighted_by_same_kind_workloads(tmp_p
     seen, unseen = x[:5], x[~train][:5]
     samples = 80 / (80 + model.prior_samples)  # two trained workloads of 40 samples, all contractions
     np.testing.assert_allclose(model.correction_weight(seen), samples)
-    np.testing.assert_allclose(model.correction_weight(unseen), samples * 2 / (2 + 8))
+    np.testing.assert_allclose(model.correction_weight(unseen), samples * 2 / (2 + 32))
     off = GBDTModel(seed=0, transfer_workloads=0.0)
     off.update(x[train], lat[train], list(np.asarray(wl)[train]))
     np.testing.assert_allclose(off.correction_weight(unseen), samples)
     # the trees are the same: only the weight of their correction on the unseen workload differs
     np.testing.assert_allclose(model.predict(seen), off.predict(seen))
     prior = -unseen[:, EST_INDEX].astype(np.float64)
-    np.testing.assert_allclose(model.predict(unseen) - prior, (off.predict(unseen) - prior) * 2 / 10)
+    np.testing.assert_allclose(model.predict(unseen) - prior, (off.predict(unseen) - prior) * 2 / 34)
     again = load_model(model.save(tmp_path / "m.npz"))
     np.testing.assert_allclose(again.predict(unseen), model.predict(unseen))
-    assert again.transfer_workloads == 8.0 and again.fit_workloads == model.fit_workloads
+    assert again.transfer_workloads == 32.0 and again.fit_workloads == model.fit_workloads
     with pytest.raises(ValueError, match="transfer_workloads"):
         GBDTModel(transfer_workloads=-1.0)
 
@@ -364,3 +374,13 @@ def test_tree_sizes_default_by_target():
         "learning_rate": 0.1,
         "max_leaf_nodes": 3,
     }
+
+
+def test_a_cold_model_fits_its_first_rounds_in_line():
+    # kiln tune's default: the first rounds of a cold search are ranked with what the previous round measured
+    x, lat, wl = synthetic(1, 80)
+    model = GBDTModel(seed=0)
+    model.update(x[:8], lat[:8], wl[:8], fit=False)
+    assert model.fits == 1 and model.n_fit == 8
+    model.update(x[8:72], lat[8:72], wl[8:72], fit=False)
+    assert model.fits == 1  # 72 samples: no longer small, the search refits in the background

@@ -168,6 +168,7 @@ def test_refit_and_next_proposals_happen_in_the_background_while_measuring(db, b
             for c in nxt
         )
         assert flt.stats["background_s"] > 0
+        assert flt.model.warmed  # the learning library was imported off the critical path
     assert flt.model.fits == 1 and flt.model.n_fit == 8
     tuner.step(8)
     flt.wait()
