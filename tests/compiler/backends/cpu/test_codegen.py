@@ -474,3 +474,34 @@ def test_unsupported_ir_is_a_clear_error():
         generate_c([PrimFunc("blk", [x, y], blk, 1)])
     with pytest.raises(CompileError, match="not a valid C identifier"):
         generate_c([PrimFunc("bad name", [x, y], BufferStore(y, (0,), const(1.0, F32)), 1)])
+
+
+def _tile_kernel(tile: int) -> PrimFunc:
+    """out[r, :] = 2 * x[r, :] through a local tile of ``tile`` elements written and read by unrolled
+    loops of 64."""
+    rows = 4
+    x, out = Buffer("x", (rows, tile), F32), Buffer("out", (rows, tile), F32)
+    acc = Buffer("acc", (tile,), F32, "local")
+    r, a, j, b, k = Var("r"), Var("a"), Var("j"), Var("b"), Var("k")
+    fill = For(
+        a, tile // 64, For(j, 64, BufferStore(acc, (a * 64 + j,), Load(x, (r, a * 64 + j)) * 2.0), "unrolled")
+    )
+    drain = For(
+        b, tile // 64, For(k, 64, BufferStore(out, (r, b * 64 + k), Load(acc, (b * 64 + k,))), "unrolled")
+    )
+    return PrimFunc(f"tile{tile}", [x, out], For(r, rows, Allocate(acc, seq(fill, drain))), 1)
+
+
+def test_unrolled_loops_of_a_tile_too_large_for_registers_print_no_unroll_pragma():
+    """A local tile over promote.MAX_ELEMS stays an array: its unrolled loops are left to gcc (no
+    ``#pragma GCC unroll``, which cost gcc up to 30 s per kernel on such tiles); a tile that is promoted
+    keeps its fully expanded code, and both compute the same."""
+    big, small = _tile_kernel(2048), _tile_kernel(128)
+    big_text = kernel_text(generate_c([big], Target.host()), big.name)
+    assert "for (int32_t" in big_text and "#pragma GCC unroll" not in big_text, big_text
+    small_text = kernel_text(generate_c([small], Target.host()), small.name)
+    assert "acc_127" in small_text  # promoted: one variable per element
+    for func, tile in ((big, 2048), (small, 128)):
+        xv = f32(4, tile)
+        (got,) = run(func, xv)
+        np.testing.assert_array_equal(got, 2 * xv)
