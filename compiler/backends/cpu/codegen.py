@@ -73,7 +73,7 @@ from compiler.loopir.expr import (
     walk,
 )
 from compiler.loopir.index_width import index_overflow, mark_index_width
-from compiler.loopir.promote import MAX_ELEMS, expand_fallback_loops, promote_locals
+from compiler.loopir.promote import MEMORY_TILE, expand_fallback_loops, promote_locals
 from compiler.loopir.stmt import (
     Allocate,
     Buffer,
@@ -86,6 +86,11 @@ from compiler.loopir.stmt import (
 )
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
+# most scalar variables a local buffer is promoted to (promote_locals' max_scalars): x86 has 16-32 vector
+# registers, so a larger scalar tile spills either way, and its hundreds of variables cost gcc seconds of
+# register allocation (conv_net's scalar 8 x 64 tile: 512 variables, 960 KB of C, gcc 6.2 s; as an array
+# 34 KB, 0.3 s); a larger one stays an array (a memory tile, :func:`memory_tiles`)
+MAX_SCALAR_VARS = 256
 # ``PrimFunc.attrs`` key: names of the kernel's buffers whose full-vector stores are non-temporal
 # (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
@@ -128,10 +133,10 @@ def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
                 f"kernel '{func.name}': loop '{loop.var.name}' is vectorized but no target says how wide a "
                 "vector is: pass the Target (e.g. generate_c(funcs, Target.host()))"
             )
-        body = promote_locals(body)
+        body = promote_locals(body, max_scalars=MAX_SCALAR_VARS)
     else:
         body = vectorize.split_vector_loops(body, lanes)
-        body = promote_locals(body, vectorize.vectorizable)
+        body = promote_locals(body, vectorize.vectorizable, MAX_SCALAR_VARS)
         body = expand_fallback_loops(vectorize.vectorize_loops(body))
     if body is func.body:
         return mark_index_width(func, wide)
@@ -139,17 +144,22 @@ def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
     wide = wide or index_overflow(out) is not None
     if wide and _has_ramp(body):
         # index vectors have int32 lanes: a 64-bit-index kernel keeps those loops scalar (ivdep loops)
-        out = PrimFunc(func.name, func.params, promote_locals(func.body), func.num_inputs, dict(func.attrs))
+        out = PrimFunc(
+            func.name,
+            func.params,
+            promote_locals(func.body, max_scalars=MAX_SCALAR_VARS),
+            func.num_inputs,
+            dict(func.attrs),
+        )
     return mark_index_width(out, wide)
 
 
 def memory_tiles(body: Stmt) -> frozenset[Buffer]:
-    """The local buffers of ``body`` too large to promote to registers (``promote.MAX_ELEMS``): their
-    ``unrolled`` loops print without ``#pragma GCC unroll`` (:meth:`CPrinter.emit_for`)."""
+    """The register tiles of a prepared ``body`` too large to promote (``promote.MEMORY_TILE``: more
+    than :data:`MAX_SCALAR_VARS` scalars, or ``promote.MAX_ELEMS`` elements): their ``unrolled`` loops
+    print without ``#pragma GCC unroll`` (:meth:`CPrinter.emit_for`)."""
     return frozenset(
-        x.buffer
-        for x in walk_stmts(body)
-        if isinstance(x, Allocate) and x.buffer.scope == "local" and x.buffer.numel > MAX_ELEMS
+        x.buffer for x in walk_stmts(body) if isinstance(x, Allocate) and x.annotations.get(MEMORY_TILE)
     )
 
 
