@@ -156,6 +156,14 @@ def _overflows(e: Expr, ranges: dict[Var, tuple[int, int]], loads: list[Load] | 
     """Whether some scalar integer sub-expression of ``e`` (any node :func:`walk` yields) has bounds that
     leave the int32 range; each node is bounded once, from its children's bounds. ``loads``: the loads met
     are appended to it (their own accesses are checked by the caller); None: loads are not collected."""
+    return _bound_and_check(e, ranges, loads)[1]
+
+
+def _bound_and_check(
+    e: Expr, ranges: dict[Var, tuple[int, int]], loads: list[Load] | None
+) -> tuple[tuple[int, int] | None, bool]:
+    """``e``'s bounds (what ``simplify.bound`` gives) and whether some sub-expression overflows
+    (:func:`_overflows`), in one bottom-up pass."""
     bad = False
 
     def visit(x: Expr) -> tuple[int, int] | None:
@@ -185,8 +193,8 @@ def _overflows(e: Expr, ranges: dict[Var, tuple[int, int]], loads: list[Load] | 
             bad = True
         return r
 
-    visit(e)
-    return bad
+    r = visit(e)
+    return r, bad
 
 
 def _binary(op: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from compiler.loopir import simplify as simp
 from compiler.loopir.expr import Binary, Cast, Compare, Expr, Load, Select, Var, const, walk
-from compiler.loopir.index_width import INT32_MAX, INT32_MIN, _overflows, index_overflow
+from compiler.loopir.index_width import INT32_MAX, INT32_MIN, _bound_and_check, _overflows, index_overflow
 from compiler.loopir.stmt import Buffer, BufferStore, For, PrimFunc
 
 VARS = [Var("i"), Var("j"), Var("k")]
@@ -54,6 +54,8 @@ def _walk_and_bound(e: Expr, ranges: dict[Var, tuple[int, int]]) -> bool:
 @given(_exprs())
 def test_one_pass_bounds_decide_what_bounding_each_sub_expression_decides(e):
     assert _overflows(e, _ranges(), None) == _walk_and_bound(e, _ranges())
+    for x in walk(e):  # and every node's bounds are simplify.bound's
+        assert _bound_and_check(x, _ranges(), None)[0] == simp.bound(x, _ranges()), x
 
 
 @settings(max_examples=100, deadline=None)
