@@ -10,13 +10,19 @@ intermediate product that overflows even when the final offset is small). :func:
 records the decision as ``attrs["index_dtype"] = "int64"`` (nothing is recorded for a 32-bit kernel, so
 its text is unchanged); the C-style printer then declares loop and thread variables ``int64_t`` and uses
 the 64-bit integer helpers, so every index computation involving a loop variable is done in 64 bits.
+
+Cost: the check runs twice per kernel on every tuning candidate (:func:`compiler.backends.cpu.codegen.
+prepare`), so each expression is bounded in one bottom-up pass (:func:`_overflows`: every node's bounds
+from its children's, the same interval rules as :func:`compiler.loopir.simplify.bound`) instead of bounding
+every sub-expression from scratch (quadratic in the depth of an index); only an expression that overflows
+is walked again, top-down, to name the sub-expression in the message.
 """
 
 from __future__ import annotations
 
 from compiler import dtypes
 from compiler.loopir import simplify as simp
-from compiler.loopir.expr import Expr, Load, Var, lanes_of, walk
+from compiler.loopir.expr import Binary, Cast, Const, Expr, Load, Select, Var, children, lanes_of, walk
 from compiler.loopir.stmt import (
     Allocate,
     Block,
@@ -108,7 +114,14 @@ class _Scan:
         return None
 
     def expr(self, e: Expr, ranges: dict[Var, tuple[int, int]]) -> str | None:
-        for x in walk(e):
+        loads: list[Load] = []
+        if not _overflows(e, ranges, loads):
+            for load in loads:
+                why = self.access(load.buffer, load.indices, ranges)
+                if why:
+                    return why
+            return None
+        for x in walk(e):  # something overflows: the first access or sub-expression, top-down, names it
             if isinstance(x, Load):
                 why = self.access(x.buffer, x.indices, ranges)
                 if why:
@@ -126,6 +139,8 @@ class _Scan:
             return None  # the printer reports the rank mismatch
         raw = simp.flat_expr(buf, indices)
         for flat in (raw, simp.simplify(raw, ranges)):
+            if not _overflows(flat, ranges, None):
+                continue
             for x in walk(flat):
                 if isinstance(x, Load):
                     continue  # a gather's ids: checked as their own access
@@ -135,3 +150,71 @@ class _Scan:
                         f"{simp.bound(x, ranges)}"
                     )
         return None
+
+
+def _overflows(e: Expr, ranges: dict[Var, tuple[int, int]], loads: list[Load] | None) -> bool:
+    """Whether some scalar integer sub-expression of ``e`` (any node :func:`walk` yields) has bounds that
+    leave the int32 range; each node is bounded once, from its children's bounds. ``loads``: the loads met
+    are appended to it (their own accesses are checked by the caller); None: loads are not collected."""
+    return _bound_and_check(e, ranges, loads)[1]
+
+
+def _bound_and_check(
+    e: Expr, ranges: dict[Var, tuple[int, int]], loads: list[Load] | None
+) -> tuple[tuple[int, int] | None, bool]:
+    """``e``'s bounds (what ``simplify.bound`` gives) and whether some sub-expression overflows
+    (:func:`_overflows`), in one bottom-up pass."""
+    bad = False
+
+    def visit(x: Expr) -> tuple[int, int] | None:
+        # the interval rules of simplify.bound, applied bottom-up: bounds of x from its children's
+        nonlocal bad
+        if isinstance(x, Const):
+            r = (int(x.value), int(x.value)) if _is_int(x.dtype) or x.dtype == "bool" else None
+        elif isinstance(x, Var):
+            r = ranges.get(x)
+        elif isinstance(x, Binary):
+            a, b = visit(x.a), visit(x.b)
+            r = None if a is None or b is None else _binary(x.op, a, b)
+        elif isinstance(x, Select):
+            visit(x.cond)
+            t, f = visit(x.t), visit(x.f)
+            r = None if t is None or f is None else (min(t[0], f[0]), max(t[1], f[1]))
+        elif isinstance(x, Cast):
+            v = visit(x.value)
+            r = v if _is_int(x.dtype) and _is_int(x.value.dtype) else None
+        else:
+            if loads is not None and isinstance(x, Load):
+                loads.append(x)
+            for kid in children(x):
+                visit(kid)
+            return None  # what simplify.bound does not bound (loads, calls, comparisons, vectors)
+        if r is not None and (r[0] < INT32_MIN or r[1] > INT32_MAX) and _is_int(x.dtype):
+            bad = True
+        return r
+
+    r = visit(e)
+    return r, bad
+
+
+def _binary(op: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    """simplify.bound's interval rule for ``a op b``."""
+    if op == "+":
+        return (a[0] + b[0], a[1] + b[1])
+    if op == "-":
+        return (a[0] - b[1], a[1] - b[0])
+    if op == "*":
+        c = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+        return (min(c), max(c))
+    if op in ("//", "%") and b[0] == b[1] and b[0] > 0:
+        d = b[0]
+        if op == "//":
+            return (a[0] // d, a[1] // d)
+        if a[0] // d == a[1] // d:
+            return (a[0] % d, a[1] % d)
+        return (0, d - 1)
+    if op == "min":
+        return (min(a[0], b[0]), min(a[1], b[1]))
+    if op == "max":
+        return (max(a[0], b[0]), max(a[1], b[1]))
+    return None

@@ -30,6 +30,9 @@ from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, Intrinsic, 
 from compiler.loopir.visitor import StmtExprVisitor, StmtMutator, StmtVisitor, substitute_stmt, with_body
 
 PROMOTE = "promote"  # Allocate annotation: lanes per register variable of a promoted buffer
+# Allocate annotation of a local buffer indexed like a register tile (every index constant once its loops
+# are expanded) that is too large to promote: it stays an array (a target may print its loops differently)
+MEMORY_TILE = "memory_tile"
 MAX_ELEMS = 1024  # larger buffers stay arrays
 MAX_EXPANSION = 4096  # most copies of one statement that expansion may create
 FALLBACK_EXPAND_LIMIT = 64  # a scalar vectorized loop touching a promoted buffer is expanded up to this
@@ -40,9 +43,13 @@ _SCALAR_TYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16", 
 Vectorizable = Callable[[For, Ranges, dict[Buffer, int]], bool]
 
 
-def promote_locals(body: Stmt, vectorizable: Vectorizable | None = None) -> Stmt:
-    """``body`` with its promotable local buffers annotated and the loops indexing them expanded."""
-    return _Promote(vectorizable).visit_stmt(body)
+def promote_locals(
+    body: Stmt, vectorizable: Vectorizable | None = None, max_scalars: int = MAX_ELEMS
+) -> Stmt:
+    """``body`` with its promotable local buffers annotated and the loops indexing them expanded; a buffer
+    of scalar variables (width 1) is promoted only up to ``max_scalars`` elements (a target with few
+    registers keeps larger scalar tiles as arrays)."""
+    return _Promote(vectorizable, max_scalars).visit_stmt(body)
 
 
 class ScopedMutator(StmtMutator):
@@ -76,15 +83,19 @@ class ScopedMutator(StmtMutator):
 
 
 class _Promote(ScopedMutator):
-    def __init__(self, vectorizable: Vectorizable | None) -> None:
+    def __init__(self, vectorizable: Vectorizable | None, max_scalars: int = MAX_ELEMS) -> None:
         super().__init__()
         self.vectorizable = vectorizable
+        self.max_scalars = max_scalars
 
     def visit_Allocate(self, s: Allocate) -> Stmt:
         if any(isinstance(x, Intrinsic) and s.buffer in x.buffers for x in walk_stmts(s.body)):
             return super().visit_Allocate(s)  # an intrinsic's fragment: addressed by offset, stays an array
-        decision = analyze(s, self.ranges, self.promoted, self.vectorizable)
+        decision = analyze(s, self.ranges, self.promoted, self.vectorizable, self.max_scalars)
         if decision is None:
+            big = s.buffer.numel > min(MAX_ELEMS, self.max_scalars)
+            if big and analyze(s, self.ranges, self.promoted, self.vectorizable, sized=False) is not None:
+                s = Allocate(s.buffer, s.body, {**s.annotations, MEMORY_TILE: True})
             return super().visit_Allocate(s)
         width, expand = decision
         marked = Allocate(s.buffer, expand_loops(s.body, expand), {**s.annotations, PROMOTE: width})
@@ -139,6 +150,7 @@ class _Analysis:
     stack: list[For] = field(default_factory=list)
     expand: set[Var] = field(default_factory=set)
     widths: set[int] = field(default_factory=set)
+    sized: bool = True  # the size limits apply (MAX_EXPANSION)
 
 
 def analyze(
@@ -146,13 +158,17 @@ def analyze(
     ranges: Ranges,
     promoted: dict[Buffer, int] | None = None,
     vectorizable: Vectorizable | None = None,
+    max_scalars: int = MAX_ELEMS,
+    sized: bool = True,
 ) -> tuple[int, set[Var]] | None:
     """Whether ``alloc``'s buffer can live in registers: (lanes per variable, loops to expand), or None.
-    ``ranges`` are those of the loops enclosing ``alloc``, ``promoted`` the enclosing promoted buffers."""
+    ``ranges`` are those of the loops enclosing ``alloc``, ``promoted`` the enclosing promoted buffers;
+    scalar variables (width 1) for at most ``max_scalars`` elements. ``sized=False``: whether it could
+    but for its size (MAX_ELEMS, ``max_scalars``, MAX_EXPANSION)."""
     buf = alloc.buffer
-    if buf.scope != "local" or buf.numel > MAX_ELEMS or buf.dtype not in _SCALAR_TYPES:
+    if buf.scope != "local" or (sized and buf.numel > MAX_ELEMS) or buf.dtype not in _SCALAR_TYPES:
         return None
-    st = _Analysis(buf, dict(ranges))
+    st = _Analysis(buf, dict(ranges), sized=sized)
     try:
         _Visit(st, dict(promoted or {}), vectorizable).visit_stmt(alloc.body)
     except (_Reject, CompileError):
@@ -161,6 +177,8 @@ def analyze(
     if len(widths) > 1:
         return None
     width = next(iter(widths), 1)
+    if sized and width == 1 and buf.numel > max_scalars:
+        return None
     if width > 1 and (buf.dtype not in ("float32", "int32") or buf.numel % width):
         return None
     return width, st.expand
@@ -235,7 +253,7 @@ def _check_access(indices: tuple[Expr, ...], st: _Analysis) -> None:
     for f in st.stack:
         if f.var in st.expand:
             copies *= f.extent
-    if copies > MAX_EXPANSION:
+    if copies > MAX_EXPANSION and st.sized:
         raise _Reject
 
 

@@ -10,7 +10,10 @@ its argument list, so one ctypes call runs a whole model.
 Loop kinds: ``parallel`` -> the outermost parallel loop is outlined into a chunk function plus a context
 struct and run by ``kiln_parallel_for`` on the pool (nested ones run serially inside it; with
 ``parallel="openmp"`` / ``$KILN_CPU_PARALLEL=openmp``: ``#pragma omp parallel for schedule(static)``);
-``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc); ``thread`` -> CompileError.
+``unrolled`` -> ``#pragma GCC unroll N`` (N <= 64; a larger N is left to gcc; none for a loop touching a
+local buffer too large to promote, :func:`memory_tiles`: a scalar register tile of thousands of elements
+lives in memory anyway, and forced unrolling of it cost gcc up to 30 s per kernel); ``thread`` ->
+CompileError.
 Allocations up to 64 KiB are aligned stack arrays. Larger ones outside parallel loops are slices of
 ``static __thread unsigned char kiln_scratch[N]`` (64-byte aligned; N is the largest sum over one kernel's
 such allocations, since a library's kernels run one after another on a thread: the same memory, warm in
@@ -70,7 +73,7 @@ from compiler.loopir.expr import (
     walk,
 )
 from compiler.loopir.index_width import index_overflow, mark_index_width
-from compiler.loopir.promote import expand_fallback_loops, promote_locals
+from compiler.loopir.promote import MEMORY_TILE, expand_fallback_loops, promote_locals
 from compiler.loopir.stmt import (
     Allocate,
     Buffer,
@@ -83,6 +86,11 @@ from compiler.loopir.stmt import (
 )
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
+# most scalar variables a local buffer is promoted to (promote_locals' max_scalars): x86 has 16-32 vector
+# registers, so a larger scalar tile spills either way, and its hundreds of variables cost gcc seconds of
+# register allocation (conv_net's scalar 8 x 64 tile: 512 variables, 960 KB of C, gcc 6.2 s; as an array
+# 34 KB, 0.3 s); a larger one stays an array (a memory tile, :func:`memory_tiles`)
+MAX_SCALAR_VARS = 256
 # ``PrimFunc.attrs`` key: names of the kernel's buffers whose full-vector stores are non-temporal
 # (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
@@ -125,10 +133,10 @@ def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
                 f"kernel '{func.name}': loop '{loop.var.name}' is vectorized but no target says how wide a "
                 "vector is: pass the Target (e.g. generate_c(funcs, Target.host()))"
             )
-        body = promote_locals(body)
+        body = promote_locals(body, max_scalars=MAX_SCALAR_VARS)
     else:
         body = vectorize.split_vector_loops(body, lanes)
-        body = promote_locals(body, vectorize.vectorizable)
+        body = promote_locals(body, vectorize.vectorizable, MAX_SCALAR_VARS)
         body = expand_fallback_loops(vectorize.vectorize_loops(body))
     if body is func.body:
         return mark_index_width(func, wide)
@@ -136,8 +144,34 @@ def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
     wide = wide or index_overflow(out) is not None
     if wide and _has_ramp(body):
         # index vectors have int32 lanes: a 64-bit-index kernel keeps those loops scalar (ivdep loops)
-        out = PrimFunc(func.name, func.params, promote_locals(func.body), func.num_inputs, dict(func.attrs))
+        out = PrimFunc(
+            func.name,
+            func.params,
+            promote_locals(func.body, max_scalars=MAX_SCALAR_VARS),
+            func.num_inputs,
+            dict(func.attrs),
+        )
     return mark_index_width(out, wide)
+
+
+def memory_tiles(body: Stmt) -> frozenset[Buffer]:
+    """The register tiles of a prepared ``body`` too large to promote (``promote.MEMORY_TILE``: more
+    than :data:`MAX_SCALAR_VARS` scalars, or ``promote.MAX_ELEMS`` elements): their ``unrolled`` loops
+    print without ``#pragma GCC unroll`` (:meth:`CPrinter.emit_for`)."""
+    return frozenset(
+        x.buffer for x in walk_stmts(body) if isinstance(x, Allocate) and x.annotations.get(MEMORY_TILE)
+    )
+
+
+def _accesses(body: Stmt, buffers: frozenset[Buffer]) -> bool:
+    """Whether ``body`` stores to or loads from one of ``buffers``."""
+    for x in walk_stmts(body):
+        if isinstance(x, BufferStore) and x.buffer in buffers:
+            return True
+        for e in stmt_exprs(x):
+            if any(isinstance(y, Load) and y.buffer in buffers for y in walk(e)):
+                return True
+    return False
 
 
 _VT = {"float32": "f32", "int32": "i32", "bool": "i32"}  # masks are int32 lanes of 0 / -1
@@ -162,6 +196,18 @@ class CPrinter(CStylePrinter):
         super()._reset(func)
         self.outlined = []  # chunk functions of the kernel being printed
         self._scratch_used = 0  # bytes of SCRATCH the kernel being printed has placed so far
+        self._memory_tiles = memory_tiles(func.body) if func is not None else frozenset()
+
+    def emit_for(self, s: For) -> None:
+        tile = s.kind == "unrolled" and 1 < s.extent <= 64 and bool(self._memory_tiles)
+        if tile and _accesses(s.body, self._memory_tiles):
+            # a register tile too large to promote lives in memory: unrolling its loops buys no
+            # registers, and gcc, forced to, spends up to 30 s on one kernel (its alias walks over
+            # thousands of stores: conv_net's scalar 12 x 4 x 64 tile, 30 s with the pragma, 4.5 s
+            # without); gcc decides how far to unroll these
+            self.emit_serial(s)
+            return
+        super().emit_for(s)
 
     def scratch_decl(self) -> str:
         """The declaration of SCRATCH (empty when no kernel uses it)."""

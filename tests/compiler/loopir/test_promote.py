@@ -8,7 +8,7 @@ import numpy as np
 from compiler.backends.cpu import vectorize
 from compiler.loopir import evaluate
 from compiler.loopir.expr import Const, Load, Var, const, walk
-from compiler.loopir.promote import PROMOTE, expand_fallback_loops, promote_locals
+from compiler.loopir.promote import MEMORY_TILE, PROMOTE, expand_fallback_loops, promote_locals
 from compiler.loopir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc, Stmt, seq, walk_stmts
 from compiler.loopir.visitor import StmtExprVisitor
 
@@ -123,3 +123,18 @@ def test_scalar_fallback_loop_over_a_promoted_buffer_is_expanded():
     assert _allocs(body)[0].annotations == {PROMOTE: 1}
     assert not any(isinstance(x, For) and x.kind == "vectorized" for x in walk_stmts(body))
     _check(func, body)
+
+
+def test_a_scalar_tile_over_max_scalars_stays_an_array_marked_as_a_memory_tile():
+    """``max_scalars`` caps scalar promotion: the tile stays an array with its loops, marked MEMORY_TILE
+    (indexed like a register tile, too large); it still computes the row sums. A buffer that is not
+    indexed like a tile (a long serial loop) gets no mark."""
+    func = _rowsum(8, "unrolled")
+    body = promote_locals(func.body, max_scalars=4)
+    (alloc,) = _allocs(body)
+    assert alloc.annotations == {MEMORY_TILE: True}
+    assert [x.var.name for x in walk_stmts(body) if isinstance(x, For)] == ["r", "j0", "ko", "j", "lane"]
+    _check(func, body)
+    assert _allocs(promote_locals(func.body, max_scalars=8))[0].annotations == {PROMOTE: 1}
+    serial = _rowsum(32, "serial")
+    assert _allocs(promote_locals(serial.body, max_scalars=4))[0].annotations == {}

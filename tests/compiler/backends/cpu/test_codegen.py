@@ -19,7 +19,7 @@ import pytest
 from scipy import special
 
 from compiler.backends.cpu import gcc as cbuild
-from compiler.backends.cpu.codegen import generate_c
+from compiler.backends.cpu.codegen import MAX_SCALAR_VARS, generate_c
 from compiler.errors import CompileError
 from compiler.loopir.expr import Load, Var, call, cast, const, logical_and, maximum, select
 from compiler.loopir.stmt import Allocate, Barrier, Block, Buffer, BufferStore, For, IfThenElse, PrimFunc, seq
@@ -474,3 +474,43 @@ def test_unsupported_ir_is_a_clear_error():
         generate_c([PrimFunc("blk", [x, y], blk, 1)])
     with pytest.raises(CompileError, match="not a valid C identifier"):
         generate_c([PrimFunc("bad name", [x, y], BufferStore(y, (0,), const(1.0, F32)), 1)])
+
+
+def _tile_kernel(tile: int) -> PrimFunc:
+    """out[r, :] = 2 * x[r, :] through a local tile of ``tile`` elements written and read by unrolled
+    loops (a scalar register tile, as the sketches write them)."""
+    rows = 4
+    x, out = Buffer("x", (rows, tile), F32), Buffer("out", (rows, tile), F32)
+    acc = Buffer("acc", (tile,), F32, "local")
+    r, a, j, b, k = Var("r"), Var("a"), Var("j"), Var("b"), Var("k")
+    fill = For(
+        a,
+        tile // 64,
+        For(j, 64, BufferStore(acc, (a * 64 + j,), Load(x, (r, a * 64 + j)) * 2.0), "unrolled"),
+        "unrolled",
+    )
+    drain = For(
+        b,
+        tile // 64,
+        For(k, 64, BufferStore(out, (r, b * 64 + k), Load(acc, (b * 64 + k,))), "unrolled"),
+        "unrolled",
+    )
+    return PrimFunc(f"tile{tile}", [x, out], For(r, rows, Allocate(acc, seq(fill, drain))), 1)
+
+
+def test_a_scalar_tile_too_large_for_registers_stays_an_array_without_unroll_pragmas():
+    """A scalar register tile over MAX_SCALAR_VARS stays an array (``promote.MEMORY_TILE``) and its
+    unrolled loops are left to gcc (no ``#pragma GCC unroll``: hundreds of scalar variables or thousands
+    of forced-unrolled array stores cost gcc 6-30 s per kernel); a smaller one is promoted, one variable
+    per element; both compute the same."""
+    small = _tile_kernel(MAX_SCALAR_VARS)
+    small_text = kernel_text(generate_c([small], Target.host()), small.name)
+    assert f"acc_{MAX_SCALAR_VARS - 1}" in small_text  # promoted: one variable per element
+    for tile in (MAX_SCALAR_VARS + 64, 2048):
+        func = _tile_kernel(tile)
+        text = kernel_text(generate_c([func], Target.host()), func.name)
+        assert f"acc[{tile}]" in text and "#pragma GCC unroll" not in text, text
+    for func in (small, _tile_kernel(2048)):
+        xv = f32(*func.params[0].shape)
+        (got,) = run(func, xv)
+        np.testing.assert_array_equal(got, 2 * xv)
