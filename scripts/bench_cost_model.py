@@ -23,6 +23,8 @@ percent of the records came out 1.5-4x slow (a whole record measured while anoth
     python scripts/bench_cost_model.py collect --workloads rmsnorm,softmax --n 144     # extra data
     python scripts/bench_cost_model.py run --trials 160 --seeds 0,1,2                   # the benchmark
     python scripts/bench_cost_model.py report                                           # md + plots
+    python scripts/bench_cost_model.py collect --tables '' --dev '' --pools attention:g2 --n 32 --pairs pack_a
+        # a pool of 32 configs, each also measured with pack_a flipped (pairs that differ in one knob)
 
 Workloads are ``model`` (its first task) or ``model:index`` (the index-th task of the model).
 
@@ -441,6 +443,26 @@ def bench_target(threads: int) -> Target:
     return dataclasses.replace(Target.host(), cores=threads)
 
 
+def with_knob_pairs(task: Task, configs: list[dict], knob: str) -> list[dict]:
+    """``configs`` and, after each, the same config with ``knob`` at each of its other values that passes the
+    sketch's check: pairs that differ in that knob alone, to compare a model's predicted ratio with the
+    measured one (e.g. ``pack_a``, which the benchmark's sub-spaces keep at its default)."""
+    space = {k.name: k.values for k in task.space()}
+    if knob not in space:
+        raise SystemExit(f"--pairs {knob}: {task.name} has no knob {knob!r}; knobs: {sorted(space)}")
+    out: dict[str, dict] = {}
+    for c in configs:
+        out.setdefault(config_json(c), c)
+        for v in space[knob]:
+            other = {**c, knob: v}
+            try:
+                task.check(other)
+            except ScheduleError:
+                continue
+            out.setdefault(config_json(other), other)
+    return list(out.values())
+
+
 def collect(args: argparse.Namespace) -> None:
     """Measure the benchmark's sub-space tables (every valid config) and the uniform pools of the
     development and held-out workloads into the cache (configs already there are not measured again)."""
@@ -453,6 +475,8 @@ def collect(args: argparse.Namespace) -> None:
         for spec, sub, n in jobs:
             task = get_task(spec, target, sub=sub)
             configs = valid_configs(task) if sub else uniform_pool(task, n, args.seed)
+            if args.pairs and not sub:
+                configs = with_knob_pairs(task, configs, args.pairs)
             t0 = time.time()
             for k in range(0, len(configs), 8):
                 cache.measure(task, configs[k : k + 8])
@@ -1944,6 +1968,11 @@ def main() -> None:
     c.add_argument("--n", type=int, default=POOL)
     c.add_argument("--dev", default=DEV, help=f"workloads measured on a uniform pool of {DEV_POOL} configs")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument(
+        "--pairs",
+        default="",
+        help="a knob: each pool config is measured with this knob at each of its other valid values too",
+    )
     r = sub.add_parser("run", help="replay the search methods from the cache")
     r.add_argument("--workloads", default=BENCH)
     r.add_argument("--methods", default=",".join(METHODS))
