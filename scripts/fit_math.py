@@ -61,7 +61,7 @@ def show(name: str, coeffs: np.ndarray, err: float, note: str) -> None:
 
 
 def main() -> None:
-    # exp(r) = 1 + r + r^2 * P(r), |r| <= ln2/2; relative error of exp(r)
+    # exp(r) = 1 + r + r^2 * P(r), evaluated as 1 + r(1 + r P(r)); |r| <= ln2/2; relative error of exp(r)
     r = cheb(-math.log(2) / 2 * 1.01, math.log(2) / 2 * 1.01)
     target = (np.expm1(r) - r) / r**2
     c, e = fit_rounded(r, target, r**2 / np.exp(r), [0, 1, 2, 3, 4])
