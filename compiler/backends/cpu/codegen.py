@@ -46,7 +46,7 @@ from typing import Any
 
 from compiler import dtypes
 from compiler.backends.cpu import pool, vectorize
-from compiler.backends.cpu.kiln_math import Prelude
+from compiler.backends.cpu.kiln_math import MATH_FUNCS, Prelude
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
@@ -176,7 +176,7 @@ class CPrinter(CStylePrinter):
             inner = self.math_call(name, [f"(float)({x})" for x in args], "float32")
             return f"((_Float16){inner})"
         if dtype == "float32":
-            if name in ("exp", "log", "tanh", "erf", "sigmoid"):
+            if name in MATH_FUNCS:
                 return f"{self.prelude.use_math(name)}({a})"
             simple = {
                 "sqrt": f"__builtin_sqrtf({a})",
@@ -188,6 +188,7 @@ class CPrinter(CStylePrinter):
         elif dtype == "float64":
             simple = {
                 "exp": f"__builtin_exp({a})",
+                "exp_le0": f"__builtin_exp({a})",
                 "log": f"__builtin_log({a})",
                 "tanh": f"__builtin_tanh({a})",
                 "erf": f"__builtin_erf({a})",
@@ -487,7 +488,7 @@ class CPrinter(CStylePrinter):
     def vector_call(self, e: Call, vt: str, w: int) -> str:
         a = self.expr(e.args[0]) if e.args else ""
         if e.dtype.startswith("float32"):
-            if e.name in ("exp", "log", "tanh", "erf", "sigmoid"):
+            if e.name in MATH_FUNCS:
                 return f"{self.prelude.use_math(e.name, w)}({a})"
             simple = {
                 "sqrt": f"kiln_sqrt_{vt}({a})",

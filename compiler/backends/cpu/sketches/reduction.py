@@ -16,7 +16,13 @@ import math
 
 from compiler.backends import group_analysis as G
 from compiler.backends.cpu.codegen import STREAM_STORES
-from compiler.backends.cpu.sketches.common import EXPENSIVE, PARALLEL_MIN_WORK, streams_pay
+from compiler.backends.cpu.sketches.common import (
+    EXPENSIVE,
+    PARALLEL_MIN_WORK,
+    nonpositive_exps,
+    streams_pay,
+    use_exp_le0,
+)
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
@@ -122,6 +128,8 @@ class CpuReductionSketch(Sketch):
             return config["keep"] == "buffer" and _expensive(b) and len(sch.consumers(A.writes(b)[0])) >= 2
 
         sch, blocks = prepare(group, keep=keep)
+        if nonpositive_exps(group):  # softmax: exp(x - max(x))
+            use_exp_le0(sch)
         outs = output_blocks(sch)
         kept = [b for b in blocks if not b.is_reduction and all(b is not o for o in outs)]
         main = outs[-1]
