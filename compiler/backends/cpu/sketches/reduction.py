@@ -8,6 +8,8 @@ parallel. Knobs: ``vector``, ``accum``, ``unroll``, ``keep`` (recompute an expen
 such as softmax's exp, or keep the row in a buffer), ``parallel``, ``div``, ``store`` (ordinary or
 non-temporal stores of a full-size output: streaming stores skip reading the output's lines and leave the
 input in the cache, which pays once input and output no longer fit in the last-level cache together).
+Softmax's exps (every exp of the group takes x minus its own max) are computed as ``exp_le0``, the prelude's
+cheaper exp for arguments that are never positive.
 """
 
 from __future__ import annotations
