@@ -87,6 +87,9 @@ STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 # (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
 STREAM_STORES = "stream_stores"
+# ``PrimFunc.attrs`` key: ``((name, first), ...)``: of those buffers, only the stores at flat element index
+# ``first`` or beyond stream (the part before stays in the cache: the reduction sketch's ``store=split``)
+STREAM_FROM = "stream_from"
 CODEGEN_VERSION = "c-6"  # bump when generated code changes meaning (part of the kernel cache key)
 SCRATCH = "kiln_scratch"  # the per-thread scratch array of a library (see the module doc)
 # how parallel loops run: "pool" (compiler.backends.cpu.pool, the default) or "openmp" (``#pragma omp``;
@@ -365,7 +368,11 @@ class CPrinter(CStylePrinter):
         kind = "store"
         if self._streams() and s.buffer.name in self.func.attrs[STREAM_STORES]:  # type: ignore[union-attr]
             kind = "stream" if element_dtype(s.value.dtype) == "float32" else "store"
-        return f"kiln_{kind}_{self.vt(s.value.dtype)}({target}, {self.expr(s.value)})"
+        vt, value = self.vt(s.value.dtype), self.expr(s.value)
+        first = dict(self.func.attrs.get(STREAM_FROM, ())).get(s.buffer.name)  # type: ignore[union-attr]
+        if kind == "stream" and first:
+            return f"kiln_stream_if_{vt}({target}, {value}, {self.top(flat)} >= {first})"
+        return f"kiln_{kind}_{vt}({target}, {value})"
 
     def operand(self, e: Expr) -> str:
         """An operand of infix vector arithmetic or a comparison: a broadcast scalar is written as is."""

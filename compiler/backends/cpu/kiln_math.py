@@ -94,6 +94,10 @@ static inline void kiln_store_f32x{W}(float* p, kiln_f32x{W} v) {{ __builtin_mem
 static inline void kiln_stream_f32x{W}(float* p, kiln_f32x{W} v) {{
 {streambody}
 }}
+/* a streaming store where s holds, an ordinary one elsewhere (s: a branch gcc unswitches out of row loops) */
+static inline void kiln_stream_if_f32x{W}(float* p, kiln_f32x{W} v, int s) {{
+  if (s) kiln_stream_f32x{W}(p, v); else kiln_store_f32x{W}(p, v);
+}}
 static inline void kiln_store_i32x{W}(int32_t* p, kiln_i32x{W} v) {{ __builtin_memcpy(p, &v, {B}); }}
 /* max(a, b) = a > b ? a : b and min(a, b) = a < b ? a : b: exactly x86 maxps/minps (a NaN in either
    gives b), so one instruction where the ISA has it, a compare and a blend elsewhere */
