@@ -94,7 +94,7 @@ static inline void kiln_store_f32x{W}(float* p, kiln_f32x{W} v) {{ __builtin_mem
 static inline void kiln_stream_f32x{W}(float* p, kiln_f32x{W} v) {{
 {streambody}
 }}
-/* a streaming store where s holds, an ordinary one elsewhere (s: a branch gcc unswitches out of row loops) */
+/* a streaming store where s holds, an ordinary one elsewhere (a branch taken the same way for whole rows) */
 static inline void kiln_stream_if_f32x{W}(float* p, kiln_f32x{W} v, int s) {{
   if (s) kiln_stream_f32x{W}(p, v); else kiln_store_f32x{W}(p, v);
 }}
