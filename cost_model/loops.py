@@ -50,6 +50,7 @@ from compiler.loopir.stmt import (
 # branch-free polynomial forms cost roughly this many instructions
 CALL_COST = {
     "exp": 14.0,
+    "exp_le0": 12.0,
     "log": 16.0,
     "tanh": 20.0,
     "erf": 22.0,
@@ -60,7 +61,7 @@ CALL_COST = {
     "abs": 1.0,
     "neg": 1.0,
 }
-SPECIAL = {"exp", "log", "tanh", "erf", "sigmoid"}
+SPECIAL = {"exp", "exp_le0", "log", "tanh", "erf", "sigmoid"}
 DIV_COST = 5.0
 
 

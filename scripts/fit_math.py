@@ -61,11 +61,16 @@ def show(name: str, coeffs: np.ndarray, err: float, note: str) -> None:
 
 
 def main() -> None:
-    # exp(r) = 1 + r + r^2 * P(r), |r| <= ln2/2; relative error of exp(r)
+    # exp(r) = 1 + r + r^2 * P(r), evaluated as 1 + r(1 + r P(r)); |r| <= ln2/2; relative error of exp(r)
     r = cheb(-math.log(2) / 2 * 1.01, math.log(2) / 2 * 1.01)
     target = (np.expm1(r) - r) / r**2
     c, e = fit_rounded(r, target, r**2 / np.exp(r), [0, 1, 2, 3, 4])
     show("exp P(r)", c, e, "relative, of exp(r)")
+
+    # exp_le0 (softmax's exp, one degree less): exp(r) = 1 + r * P(r), P of degree 4, in Horner form
+    rn = r[np.abs(r) > 1e-9]
+    c, e = fit_rounded(rn, np.expm1(rn) / rn, rn / np.exp(rn), [0, 1, 2, 3, 4])
+    show("exp_le0 P(r)", c, e, "relative, of exp(r)")
 
     # log1p(f) = f - f^2/2 + f^3 * P(f), f in [sqrt(1/2)-1, sqrt(2)-1]; relative error of log1p(f)
     f = cheb(math.sqrt(0.5) - 1 - 1e-3, math.sqrt(2) - 1 + 1e-3)

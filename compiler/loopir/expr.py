@@ -158,7 +158,8 @@ class Cast(Expr):
 @dataclass(frozen=True, eq=False, repr=False)
 class Call(Expr):
     """A math intrinsic with defined semantics (exp, log, sqrt, rsqrt, tanh, erf, sigmoid, abs, neg,
-    recip) or a target intrinsic (warp_reduce_sum/max/min with args (value, width))."""
+    recip; exp_le0: exp of an argument that is never positive, as softmax's x - max(x), which a target may
+    compute more cheaply) or a target intrinsic (warp_reduce_sum/max/min with args (value, width))."""
 
     name: str
     args: tuple[Expr, ...]
@@ -249,7 +250,7 @@ class Reduce(Expr):
     dtype: str
 
 
-MATH_CALLS = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "neg", "recip"}
+MATH_CALLS = {"exp", "exp_le0", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "neg", "recip"}
 COMBINERS = ("sum", "max", "min")
 
 

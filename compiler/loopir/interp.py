@@ -68,6 +68,7 @@ def _math(name: str, dtype: str) -> Callable[..., Any]:
     with np.errstate(all="ignore"):
         table: dict[str, Callable[..., Any]] = {
             "exp": lambda x: t(np.exp(t(x))),
+            "exp_le0": lambda x: t(np.exp(t(x))),
             "log": lambda x: t(np.log(t(x))) if x > 0 else (t(-np.inf) if x == 0 else t(np.nan)),
             "sqrt": lambda x: t(np.sqrt(t(x))) if x >= 0 else t(np.nan),
             "rsqrt": lambda x: t(t(1) / np.sqrt(t(x))) if x > 0 else (t(np.inf) if x == 0 else t(np.nan)),

@@ -49,7 +49,7 @@ from typing import Any
 
 from compiler import dtypes
 from compiler.backends.cpu import pool, vectorize
-from compiler.backends.cpu.kiln_math import Prelude
+from compiler.backends.cpu.kiln_math import MATH_FUNCS, Prelude
 from compiler.codegen.cstyle import CStylePrinter, c_type
 from compiler.codegen.names import sanitize
 from compiler.errors import CompileError
@@ -95,6 +95,9 @@ MAX_SCALAR_VARS = 256
 # (``kiln_stream_*``; aligned addresses only, the others are ordinary stores). A kernel with any ends each
 # thread's share of its parallel loop, and the kernel itself, with ``kiln_sfence()``.
 STREAM_STORES = "stream_stores"
+# ``PrimFunc.attrs`` key: ``((name, first), ...)``: of those buffers, only the stores at flat element index
+# ``first`` or beyond stream (the part before stays in the cache: the reduction sketch's ``store=split``)
+STREAM_FROM = "stream_from"
 CODEGEN_VERSION = "c-6"  # bump when generated code changes meaning (part of the kernel cache key)
 SCRATCH = "kiln_scratch"  # the per-thread scratch array of a library (see the module doc)
 # how parallel loops run: "pool" (compiler.backends.cpu.pool, the default) or "openmp" (``#pragma omp``;
@@ -222,7 +225,7 @@ class CPrinter(CStylePrinter):
             inner = self.math_call(name, [f"(float)({x})" for x in args], "float32")
             return f"((_Float16){inner})"
         if dtype == "float32":
-            if name in ("exp", "log", "tanh", "erf", "sigmoid"):
+            if name in MATH_FUNCS:
                 return f"{self.prelude.use_math(name)}({a})"
             simple = {
                 "sqrt": f"__builtin_sqrtf({a})",
@@ -234,6 +237,7 @@ class CPrinter(CStylePrinter):
         elif dtype == "float64":
             simple = {
                 "exp": f"__builtin_exp({a})",
+                "exp_le0": f"__builtin_exp({a})",
                 "log": f"__builtin_log({a})",
                 "tanh": f"__builtin_tanh({a})",
                 "erf": f"__builtin_erf({a})",
@@ -410,7 +414,11 @@ class CPrinter(CStylePrinter):
         kind = "store"
         if self._streams() and s.buffer.name in self.func.attrs[STREAM_STORES]:  # type: ignore[union-attr]
             kind = "stream" if element_dtype(s.value.dtype) == "float32" else "store"
-        return f"kiln_{kind}_{self.vt(s.value.dtype)}({target}, {self.expr(s.value)})"
+        vt, value = self.vt(s.value.dtype), self.expr(s.value)
+        first = dict(self.func.attrs.get(STREAM_FROM, ())).get(s.buffer.name)  # type: ignore[union-attr]
+        if kind == "stream" and first:
+            return f"kiln_stream_if_{vt}({target}, {value}, {self.top(flat)} >= {first})"
+        return f"kiln_{kind}_{vt}({target}, {value})"
 
     def operand(self, e: Expr) -> str:
         """An operand of infix vector arithmetic or a comparison: a broadcast scalar is written as is."""
@@ -533,7 +541,7 @@ class CPrinter(CStylePrinter):
     def vector_call(self, e: Call, vt: str, w: int) -> str:
         a = self.expr(e.args[0]) if e.args else ""
         if e.dtype.startswith("float32"):
-            if e.name in ("exp", "log", "tanh", "erf", "sigmoid"):
+            if e.name in MATH_FUNCS:
                 return f"{self.prelude.use_math(e.name, w)}({a})"
             simple = {
                 "sqrt": f"kiln_sqrt_{vt}({a})",

@@ -53,7 +53,7 @@ from compiler.loopir.visitor import post_order, substitute_stmt
 
 WIDTHS = (16, 8, 4)
 VECTOR_DTYPES = ("float32", "int32")
-_MATH = ("exp", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "recip")
+_MATH = ("exp", "exp_le0", "log", "tanh", "erf", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "recip")
 
 
 class NoVector(Exception):

@@ -14,18 +14,18 @@ P·V with the Q/K/V layout prologues) as one kernel, the score rows kept in a lo
           o[pv_mr][pv_nu x V] = sum_j s[row][j] * V[j][cols]   (register tile)
           out[rows][cols] = o * (1 / l[row])
 
-The scores never leave L1 (mr x N floats), so the [B, H, M, N] score tensor is neither written nor read
-back, and each exp is computed once. With ``keys`` = N that is the exact two-pass softmax over the whole key
-row (max, then exp/sum). With fewer keys per block (:func:`_online`, the default beyond 512 keys) it is the
-online (flash-attention) form: for each key block, every row tile of the task computes its scores, updates a
-running max and sum per row and rescales its output rows by exp(old max - new max) before adding P·V, so a
-block's K panels and V rows are reused from L1/L2 by all R rows instead of being streamed once per row
-tile. The Q, K, V, mask and score expressions are taken from the group's own tensor-expression lowering
-(the bodies of its QKᵀ, reduce_max and P·V blocks), so every layout prologue the fusion rules admit (head
-reshapes/transposes, slices of a merged Q/K/V projection) and every score op the matcher admits (scale
-multiply/divide, additive or ``where`` mask) is computed as the graph says. Knobs: vector lanes, the two
-register tiles, the row block, K packing, the key block, the thread pool; defaults from the target's vector
-width and register count (:meth:`CpuAttentionSketch.default`).
+The scores never leave L1 (mr x N floats), so the [B, H, M, N] score tensor is neither written nor read back,
+and each exp is computed once (as ``exp_le0``: a score less a max is never positive). With ``keys`` = N that
+is the exact two-pass softmax over the whole key row (max, then exp/sum). With fewer keys per block
+(:func:`_online`, the default beyond 512 keys) it is the online (flash-attention) form: for each key block,
+every row tile of the task computes its scores, updates a running max and sum per row and rescales its output
+rows by exp(old max - new max) before adding P·V, so a block's K panels and V rows are reused from L1/L2 by
+all R rows instead of being streamed once per row tile. The Q, K, V, mask and score expressions are taken from
+the group's own tensor-expression lowering (the bodies of its QKᵀ, reduce_max and P·V blocks), so every layout
+prologue the fusion rules admit (head reshapes/transposes, slices of a merged Q/K/V projection) and every
+score op the matcher admits (scale multiply/divide, additive or ``where`` mask) is computed as the graph says.
+Knobs: vector lanes, the two register tiles, the row block, K packing, the key block, the thread pool;
+defaults from the target's vector width and register count (:meth:`CpuAttentionSketch.default`).
 """
 
 from __future__ import annotations
@@ -336,7 +336,9 @@ def _row_partials(
 
 
 def _row_exp(s: Buffer, i: Expr, cols: int, v: int, shift: Expr) -> For:
-    """``s[i, :cols] = exp(s[i, :cols] - shift)`` in place, ``v`` lanes at a time."""
+    """``s[i, :cols] = exp(s[i, :cols] - shift)`` in place, ``v`` lanes at a time. ``shift`` is at least
+    every score of the row (its max, or the running max; 0 when that is -inf, where every score is -inf), so
+    the argument is never positive: ``exp_le0``."""
     vec = _lane_kind(v)
     return _loop(
         "ej",
@@ -345,7 +347,7 @@ def _row_exp(s: Buffer, i: Expr, cols: int, v: int, shift: Expr) -> For:
             "ex",
             v,
             lambda x: BufferStore(
-                s, (i, j * v + x), Call("exp", (Load(s, (i, j * v + x)) - shift,), "float32")
+                s, (i, j * v + x), Call("exp_le0", (Load(s, (i, j * v + x)) - shift,), "float32")
             ),
             vec,
         ),
@@ -560,7 +562,8 @@ def _online(
                 corr = Buffer("correction", (1,), f32, "local")
                 c0 = Load(corr, (const(0),))
                 stmts += [
-                    BufferStore(corr, (const(0),), Call("exp", (Load(mx, (row,)) - cur,), f32)),
+                    # the old max is at most the new one (or -inf): exp_le0
+                    BufferStore(corr, (const(0),), Call("exp_le0", (Load(mx, (row,)) - cur,), f32)),
                     BufferStore(
                         sm,
                         (row,),

@@ -1,5 +1,5 @@
-"""What the CPU sketches share: when running a nest in parallel (the thread pool) pays off, and when streaming
-(non-temporal) stores of a kernel's outputs do."""
+"""What the CPU sketches share: when running a nest in parallel (the thread pool) pays off, when streaming
+(non-temporal) stores of a kernel's outputs do, and when a group's exps can use the cheaper ``exp_le0``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import math
 
 from compiler.dtypes import to_numpy
 from compiler.fusion import Group
+from compiler.graph import Value
+from compiler.loopir import analysis as A
+from compiler.loopir.expr import Call, Expr, transform
+from compiler.loopir.schedule import Schedule
 from compiler.target import Target
 
 # Below this much work (elements touched, or flops / 8 for contractions) a parallel fork/join costs more
@@ -34,3 +38,38 @@ def streams_pay(group: Group, target: Target) -> bool:
     heavy = [n.op for n in group.subgraph.nodes if n.op in EXPENSIVE]
     light = not heavy or (heavy == ["exp"] and target.vector_bytes >= 64)
     return light and nbytes > target.l3_bytes // 2
+
+
+def nonpositive_exps(group: Group) -> bool:
+    """Whether the group has exps and each one takes ``x - max(x)``: a ``subtract`` of ``x`` and a
+    ``reduce_max`` of that same ``x`` with ``keepdims`` (broadcast back or not), softmax's shift. No such
+    argument is positive (every element is compared with the maximum over a set that holds it)."""
+    exps = [n for n in group.subgraph.nodes if n.op == "exp"]
+    return bool(exps) and all(_minus_own_max(n.inputs[0]) for n in exps)
+
+
+def _minus_own_max(v: Value) -> bool:
+    sub = v.producer
+    if sub is None or sub.op != "subtract":
+        return False
+    x, m = sub.inputs
+    while m.producer is not None and m.producer.op == "broadcast_to":
+        m = m.producer.inputs[0]
+    red = m.producer
+    if red is None or red.op != "reduce_max":
+        return False
+    return red.inputs[0] is x and bool(red.attrs.get("keepdims"))
+
+
+def use_exp_le0(sch: Schedule) -> None:
+    """Every ``exp`` of the scheduled function becomes ``exp_le0`` (for groups :func:`nonpositive_exps`
+    accepts): one clamp and a degree-5 polynomial instead of two clamps and degree 6 (kiln_math)."""
+
+    def swap(e: Expr) -> Expr | None:
+        if isinstance(e, Call) and e.name == "exp":
+            return Call("exp_le0", e.args, e.dtype)
+        return None
+
+    for b in sch.blocks():
+        for st in A.block_stores(b):
+            st.value = transform(st.value, swap)

@@ -8,6 +8,8 @@ parallel. Knobs: ``vector``, ``accum``, ``unroll``, ``keep`` (recompute an expen
 such as softmax's exp, or keep the row in a buffer), ``parallel``, ``div``, ``store`` (ordinary or
 non-temporal stores of a full-size output: streaming stores skip reading the output's lines and leave the
 input in the cache, which pays once input and output no longer fit in the last-level cache together).
+Softmax's exps (every exp of the group takes x minus its own max) are computed as ``exp_le0``, the prelude's
+cheaper exp for arguments that are never positive.
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ from __future__ import annotations
 import math
 
 from compiler.backends import group_analysis as G
-from compiler.backends.cpu.codegen import STREAM_STORES
-from compiler.backends.cpu.sketches.common import EXPENSIVE, PARALLEL_MIN_WORK, streams_pay
+from compiler.backends.cpu.codegen import STREAM_FROM, STREAM_STORES
+from compiler.backends.cpu.sketches.common import (
+    EXPENSIVE,
+    PARALLEL_MIN_WORK,
+    nonpositive_exps,
+    streams_pay,
+    use_exp_le0,
+)
 from compiler.backends.sketch import Config, Knob, Sketch, fuse_loops, output_blocks, prepare
+from compiler.dtypes import to_numpy
 from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.loopir import analysis as A
@@ -39,7 +48,7 @@ class CpuReductionSketch(Sketch):
     """Reduction groups on the CPU: rows in parallel, reductions in vector accumulators."""
 
     name = "reduction"
-    version = 2  # 2: the store knob
+    version = 3  # 2: the store knob; 3: its split value
     kinds = ("reduction",)
 
     def space(self, group: Group, target: Target) -> list[Knob]:
@@ -69,8 +78,9 @@ class CpuReductionSketch(Sketch):
             ),
             Knob(
                 "store",
-                ("cached", "stream") if _full_output(group) else ("cached",),
-                "ordinary stores of the output, or non-temporal (streaming) vector stores",
+                ("cached", "stream", "split") if _full_output(group) else ("cached",),
+                "ordinary stores of the output, non-temporal (streaming) vector stores, or split: ordinary "
+                "for the rows that fit in the last-level cache beside the inputs, streaming beyond",
             ),
         ]
 
@@ -122,6 +132,8 @@ class CpuReductionSketch(Sketch):
             return config["keep"] == "buffer" and _expensive(b) and len(sch.consumers(A.writes(b)[0])) >= 2
 
         sch, blocks = prepare(group, keep=keep)
+        if nonpositive_exps(group):  # softmax: exp(x - max(x))
+            use_exp_le0(sch)
         outs = output_blocks(sch)
         kept = [b for b in blocks if not b.is_reduction and all(b is not o for o in outs)]
         main = outs[-1]
@@ -164,9 +176,31 @@ class CpuReductionSketch(Sketch):
             sch.parallel(row)
         for buf in sch.root.alloc_buffers:
             buf.scope = "local"
-        if config["store"] == "stream":
-            sch.func.attrs[STREAM_STORES] = tuple(A.writes(b)[0].name for b in outs)
+        if config["store"] in ("stream", "split"):
+            bufs = [A.writes(b)[0] for b in outs]
+            sch.func.attrs[STREAM_STORES] = tuple(buf.name for buf in bufs)
+            if config["store"] == "split":
+                rows = cached_rows(group, target)
+                sch.func.attrs[STREAM_FROM] = tuple(
+                    (buf.name, rows * (buf.numel // _rows(group))) for buf in bufs
+                )
         return sch
+
+
+def _rows(group: Group) -> int:
+    return max(1, math.prod(group.outputs[-1].shape) // max(1, G.row_length(group)))
+
+
+def cached_rows(group: Group, target: Target) -> int:
+    """``store=split``: how many leading rows of the output are stored through the cache, the ones that fit
+    beside the inputs in 3/4 of the last-level cache (a quarter left to everything else); the rest stream.
+    A kernel called again on the same arrays (or a consumer reading its output) then finds those rows and
+    the inputs in the cache, and DRAM takes only the streamed part of the writes."""
+    in_bytes = sum(math.prod(v.shape) * to_numpy(v.dtype).itemsize for v in group.inputs)
+    out = group.outputs[-1]
+    row_bytes = math.prod(out.shape) * to_numpy(out.dtype).itemsize // _rows(group)
+    room = target.l3_bytes * 3 // 4 - in_bytes
+    return min(_rows(group), max(0, room // max(1, row_bytes)))
 
 
 def _streams(group: Group, target: Target) -> bool:

@@ -12,8 +12,9 @@ from compiler.backends.cpu import gcc as cbuild
 from compiler.backends.cpu.kiln_math import MATH_FUNCS, full_prelude
 
 WIDTHS = (1, 4, 8, 16)
-REFS = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": special.expit, "erf": special.erf}
-MAX_ULP = {"exp": 3.0, "log": 3.0, "tanh": 3.0, "sigmoid": 3.0, "erf": 3.0}
+REFS = {"exp": np.exp, "exp_le0": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": special.expit,
+        "erf": special.erf}  # fmt: skip
+MAX_ULP = {"exp": 3.0, "exp_le0": 3.0, "log": 3.0, "tanh": 3.0, "sigmoid": 3.0, "erf": 3.0}
 EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45, 1.17549435e-38, 3.4028235e38,
          -3.4028235e38, 88.72283, 88.7229, 89.0, -87.33655, -103.97, -104.0, -150.0, 0.625, 0.62499994,
          0.99999994, 3.92, 4.0, 9.0, -9.0, 20.0]  # fmt: skip
@@ -72,6 +73,8 @@ def ulp_errors(y: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("name", MATH_FUNCS)
 def test_accuracy_over_the_float_range(lib: cbuild.KernelLibrary, name: str):
     x = samples()
+    if name == "exp_le0":  # defined for x <= 0 (and nan) only
+        x = x[~(x > 0)]
     with np.errstate(all="ignore"):
         ref = REFS[name](x.astype(np.float64))
     for w in WIDTHS:
@@ -113,3 +116,28 @@ def test_exp_fast_path_gives_the_bits_of_the_full_path(lib: cbuild.KernelLibrary
     keep[width - 1 :: width] = False
     np.testing.assert_array_equal(fast[keep], full[keep])
     np.testing.assert_array_equal(fast, evaluate(lib, "exp", 1, x))  # and the scalar form's bits
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_exp_le0_special_values(lib: cbuild.KernelLibrary, width: int):
+    """softmax's exp(x - max(x)): 0 at a -inf mask and below the subnormals, subnormal results rounded
+    once, nan kept."""
+    x = np.float32([0.0, -0.0, -np.inf, np.nan, -1.0, -200.0, -3.4028235e38, -100.0])
+    y = evaluate(lib, "exp_le0", width, np.resize(x, 16))[:8]
+    np.testing.assert_array_equal(y[[0, 1, 2, 3, 5, 6]], np.float32([1, 1, 0, np.nan, 0, 0]))
+    assert abs(float(y[4]) - np.exp(-1.0)) <= 3 * 2.0**-25  # 3 ulp
+    assert y[7] > 0 and abs(y[7] - np.float32(np.exp(-100.0))) <= 2e-45
+
+
+@pytest.mark.parametrize("width", WIDTHS[1:])
+def test_exp_le0_fast_path_gives_the_bits_of_the_full_path(lib: cbuild.KernelLibrary, width: int):
+    """Without vscalefps a vector whose lanes all have x > -86 takes the shorter path; one lane below sends
+    the whole vector through the full path: the same bits either way."""
+    x = np.linspace(-85.99, 0.0, 4 * width, dtype=np.float32)
+    mixed = x.copy()
+    mixed[width - 1 :: width] = np.float32([-100.0, -np.inf, np.nan, -86.0])[: len(mixed[width - 1 :: width])]
+    fast, full = evaluate(lib, "exp_le0", width, x), evaluate(lib, "exp_le0", width, mixed)
+    keep = np.ones(len(x), bool)
+    keep[width - 1 :: width] = False
+    np.testing.assert_array_equal(fast[keep], full[keep])
+    np.testing.assert_array_equal(fast, evaluate(lib, "exp_le0", 1, x))
