@@ -9,6 +9,7 @@ database or a file is ever unpickled or evaluated.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -78,6 +79,15 @@ def median(latencies: Sequence[float] | None) -> float | None:
     if not latencies:
         return None
     return float(statistics.median(latencies))
+
+
+def canonical_config_text(text: str) -> str:
+    """A stored config's JSON text in canonical form, to compare configs as stored (the text itself when it
+    does not parse: such a config matches no valid one)."""
+    try:
+        return canonical_json(json.loads(text))
+    except ValueError:
+        return text
 
 
 def config_problem(config: Any) -> str | None:

@@ -21,7 +21,6 @@ speed-up without the confirmation it came from, and a merged older verdict does 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
@@ -32,7 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, insert, select
 
-from db.canonical import canonical_hash, canonical_json, check_latencies, config_problem, format_time, utc_now
+from db.canonical import (
+    canonical_config_text,
+    canonical_hash,
+    canonical_json,
+    check_latencies,
+    config_problem,
+    format_time,
+    utc_now,
+)
 from db.core import BEST_ORDER, DatabaseCore, Validator, host, kiln_version, records_select
 from db.errors import InvalidRecordError
 from db.models import ConfirmationRow, RecordRow, TargetRow, WorkloadRow
@@ -310,9 +317,7 @@ class ConfirmationMixin(DatabaseCore):
                     if row.status == Status.OK.value:
                         first_ok = row
                         break
-                    with contextlib.suppress(ValueError):
-                        config = canonical_json(json.loads(row.config))
-                        failed.add((row.sketch, int(row.sketch_version), config))
+                    failed.add((row.sketch, int(row.sketch_version), canonical_config_text(row.config)))
                 ok_rows = itertools.chain([first_ok], rows) if first_ok is not None else iter(())
                 return choose(candidates(ok_rows), failed, confirmations, default_config)
             finally:

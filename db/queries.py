@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import bindparam, case, func, select
 from sqlalchemy.orm import aliased
 
-from db.canonical import canonical_json
+from db.canonical import canonical_config_text
 from db.core import BEST_ORDER, DatabaseCore, Validator, records_select, to_record
 from db.errors import AmbiguousKeyError, CorruptDatabaseError, InvalidRecordError, UnknownKeyError
 from db.models import ConfirmationRow, ModelTaskRow, RecordRow, TargetRow, WorkloadRow
@@ -50,16 +50,8 @@ def _best_many_statement():  # type: ignore[no-untyped-def]
     return records_select().where(RecordRow.id.in_(ids))
 
 
-def _canonical(config_text: str) -> str:
-    """A stored config JSON in canonical form (the text itself when it does not parse)."""
-    try:
-        return canonical_json(json.loads(config_text))
-    except ValueError:
-        return config_text
-
-
 def _ident(row) -> tuple[str, str, str, int, str]:  # type: ignore[no-untyped-def]
-    return (row[0], row[1], row.sketch, int(row.sketch_version), _canonical(row.config))
+    return (row[0], row[1], row.sketch, int(row.sketch_version), canonical_config_text(row.config))
 
 
 @functools.cache
@@ -209,7 +201,7 @@ class QueryMixin(DatabaseCore):
         with self._read("plan a prune") as conn:
             rows = conn.execute(stmt).all()
             confirmed = {
-                (wk, tk, sketch, int(version), _canonical(config))
+                (wk, tk, sketch, int(version), canonical_config_text(config))
                 for wk, tk, sketch, version, config in conn.execute(_confirmed_configs_statement())
             }
         for row in rows:

@@ -5,9 +5,9 @@
   result to the database under one run; it returns a :class:`TuneSummary`. ``kiln tune`` is this function
   plus argument parsing and printing. The run row is closed (its end time set) whatever happens.
   At the end of a run that was not interrupted, each task's candidate (what compile would apply, or the
-  record that would displace it: :func:`tuner.confirm.to_confirm`) and its default are measured again in
-  interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's speed-ups come
-  from the confirmations of the records compile applies.
+  record that would displace it: :attr:`db.selection.Selection.to_confirm`) and its default are measured
+  again in interleaved rounds and the confirmation is stored (:mod:`tuner.confirm`); the summary's
+  speed-ups come from the confirmations of the records compile applies.
 - ``compile(model, target, db)`` is :func:`compiler.build.compile` with the record the selection rule of
   :mod:`db.selection` picks for each group (``db`` is a TuningDatabase or a URL): confirmed faster first,
   the default schedule where a record was confirmed not faster (and none faster), else the lowest median;
@@ -170,8 +170,8 @@ class TuneSummary:
 
     def speedup_text(self, result: TaskResult) -> str:
         """The task's speed-up over its default as the CLI prints it: ``1.42x (±3%)`` from the confirmation
-        (of the config the end of the run confirmed: :func:`tuner.confirm.to_confirm`), ``default`` when the
-        best config found is the default itself, or ``unconfirmed``."""
+        (of the config the end of the run confirmed: :attr:`db.selection.Selection.to_confirm`), ``default``
+        when the best config found is the default itself, or ``unconfirmed``."""
         conf = self.confirmation(result)
         best, default = result.best_config, result.task.default()
         is_default = conf is None and best is not None and config_json(best) == config_json(default)

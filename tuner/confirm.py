@@ -71,13 +71,6 @@ def selection(db: Any, task: Task) -> Selection:
     )
 
 
-def to_confirm(db: Any, task: Task) -> Config | None:
-    """The config the end of a tuning run confirms for ``task``: what the selection rule of
-    :mod:`db.selection` chose or would try next (:attr:`~db.selection.Selection.to_confirm`); the default
-    config when the default measured best (nothing to confirm); None without records."""
-    return selection(db, task).to_confirm
-
-
 def applied_text(sel: Selection) -> str:
     """What compile does with a task after its confirmation, for ``kiln tune``'s confirmation lines."""
     if sel.standing == CONFIRMED and sel.confirmation is not None:
@@ -177,13 +170,11 @@ def _rounds(
 
     inputs = [MeasureInput(task, dict(c)) for c in configs]
     n = len(inputs)
-    shift = start % n
-    ordered = inputs[shift:] + inputs[:shift] if n > 2 else (inputs[::-1] if shift else inputs)
-    per_round = measure_in_rounds(measurer, ordered, rounds, rotate=n > 2)
-    if n > 2:  # ordered[k] is inputs[(k + shift) % n]
-        per_round = [r[n - shift :] + r[: n - shift] for r in per_round]
-    elif shift:
-        per_round = [r[::-1] for r in per_round]
+    shift = start % n  # the measurer's round 0 is round ``start``: rotated so (for two, reversed when odd)
+    ordered = inputs[shift:] + inputs[:shift]
+    per_round = [  # ordered[k] is inputs[(k + shift) % n]: back to input order
+        r[n - shift :] + r[: n - shift] for r in measure_in_rounds(measurer, ordered, rounds, rotate=n > 2)
+    ]
     out: list[list[float]] = [[] for _ in inputs]
     for i, results in enumerate(per_round):
         for name, inp, r in zip(names, inputs, results):
@@ -206,8 +197,9 @@ def confirm_tasks(
     on_task: Callable[[Task, Confirmation | ConfirmFailure | None], None] | None = None,
     rivals: dict[str, Config] | None = None,
 ) -> tuple[dict[str, Confirmation], list[ConfirmFailure]]:
-    """Confirm each task's given config (tasks given None are skipped; see :func:`to_confirm`) and commit
-    the confirmations; a round that fails is committed as a record of its status.
+    """Confirm each task's given config (tasks given None are skipped; see
+    :attr:`db.selection.Selection.to_confirm`) and commit the confirmations; a round that fails is committed
+    as a record of its status.
 
     ``rivals`` (by workload key): the config compile applies now, which the task's config would displace
     (:attr:`db.selection.Selection.rival`); it is measured in the same rounds and confirmed again too.
@@ -293,5 +285,4 @@ __all__ = [
     "measure_with_rival",
     "selection",
     "speedup_text",
-    "to_confirm",
 ]

@@ -175,7 +175,7 @@ def _bound_and_check(
             r = ranges.get(x)
         elif isinstance(x, Binary):
             a, b = visit(x.a), visit(x.b)
-            r = None if a is None or b is None else _binary(x.op, a, b)
+            r = None if a is None or b is None else simp.interval(x.op, a, b)
         elif isinstance(x, Select):
             visit(x.cond)
             t, f = visit(x.t), visit(x.f)
@@ -195,26 +195,3 @@ def _bound_and_check(
 
     r = visit(e)
     return r, bad
-
-
-def _binary(op: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
-    """simplify.bound's interval rule for ``a op b``."""
-    if op == "+":
-        return (a[0] + b[0], a[1] + b[1])
-    if op == "-":
-        return (a[0] - b[1], a[1] - b[0])
-    if op == "*":
-        c = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
-        return (min(c), max(c))
-    if op in ("//", "%") and b[0] == b[1] and b[0] > 0:
-        d = b[0]
-        if op == "//":
-            return (a[0] // d, a[1] // d)
-        if a[0] // d == a[1] // d:
-            return (a[0] % d, a[1] % d)
-        return (0, d - 1)
-    if op == "min":
-        return (min(a[0], b[0]), min(a[1], b[1]))
-    if op == "max":
-        return (max(a[0], b[0]), max(a[1], b[1]))
-    return None

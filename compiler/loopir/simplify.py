@@ -94,25 +94,7 @@ def bound(e: Expr, ranges: Ranges) -> Range | None:
         a, b = bound(e.a, ranges), bound(e.b, ranges)
         if a is None or b is None:
             return None
-        if e.op == "+":
-            return (a[0] + b[0], a[1] + b[1])
-        if e.op == "-":
-            return (a[0] - b[1], a[1] - b[0])
-        if e.op == "*":
-            c = [a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]]
-            return (min(c), max(c))
-        if e.op in ("//", "%") and b[0] == b[1] and b[0] > 0:
-            d = b[0]
-            if e.op == "//":
-                return (a[0] // d, a[1] // d)
-            if a[0] // d == a[1] // d:
-                return (a[0] % d, a[1] % d)
-            return (0, d - 1)
-        if e.op == "min":
-            return (min(a[0], b[0]), min(a[1], b[1]))
-        if e.op == "max":
-            return (max(a[0], b[0]), max(a[1], b[1]))
-        return None
+        return interval(e.op, a, b)
     if isinstance(e, Select):
         t, f = bound(e.t, ranges), bound(e.f, ranges)
         if t is None or f is None:
@@ -120,6 +102,29 @@ def bound(e: Expr, ranges: Ranges) -> Range | None:
         return (min(t[0], f[0]), max(t[1], f[1]))
     if isinstance(e, Cast) and dtypes.is_int(e.dtype) and dtypes.is_int(e.value.dtype):
         return bound(e.value, ranges)
+    return None
+
+
+def interval(op: str, a: Range, b: Range) -> Range | None:
+    """The bounds of ``x op y`` for ``x`` in ``a`` and ``y`` in ``b`` (None for an op without a rule)."""
+    if op == "+":
+        return (a[0] + b[0], a[1] + b[1])
+    if op == "-":
+        return (a[0] - b[1], a[1] - b[0])
+    if op == "*":
+        c = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+        return (min(c), max(c))
+    if op in ("//", "%") and b[0] == b[1] and b[0] > 0:
+        d = b[0]
+        if op == "//":
+            return (a[0] // d, a[1] // d)
+        if a[0] // d == a[1] // d:
+            return (a[0] % d, a[1] % d)
+        return (0, d - 1)
+    if op == "min":
+        return (min(a[0], b[0]), min(a[1], b[1]))
+    if op == "max":
+        return (max(a[0], b[0]), max(a[1], b[1]))
     return None
 
 

@@ -16,33 +16,12 @@ from compiler.frontend import load_model
 from compiler.target import Target
 from db.database import RecordIn, TuningDatabase
 from tests.cli import kiln
+from tests.tuner.confirm_helpers import other_configs, softmax_task
 from tuner.api import tune
 from tuner.confirm import measure_rounds, speedup_text
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
 from tuner.space import config_json
-from tuner.task import extract_tasks
-
-
-def _task():
-    (task,) = extract_tasks(load_model("softmax"), Target.host())
-    return task
-
-
-def _other(task) -> dict:
-    """A valid config of the task that is not its default."""
-    default = task.default()
-    for knob in task.space():
-        for value in knob.values:
-            config = {**default, knob.name: value}
-            if value == default[knob.name]:
-                continue
-            try:
-                task.check(config)
-            except Exception:
-                continue
-            return config
-    raise AssertionError("the task has a single valid config")
 
 
 class LoadedMachine:
@@ -73,8 +52,8 @@ def url(tmp_path: Path) -> str:
 
 
 def test_rounds_alternate_which_config_runs_first() -> None:
-    task = _task()
-    best = _other(task)
+    task = softmax_task()
+    best = other_configs(task, 1)[0]
     measurer, runner = _measurer({config_json(best): 200.0, config_json(task.default()): 300.0})
     best_rounds, default_rounds = measure_rounds(task, best, measurer, rounds=4)
     assert best_rounds == [200.0] * 4 and default_rounds == [300.0] * 4
@@ -85,8 +64,8 @@ def test_rounds_alternate_which_config_runs_first() -> None:
 
 
 def test_confirmation_rounds_build_both_configs_once() -> None:
-    task = _task()
-    best = _other(task)
+    task = softmax_task()
+    best = other_configs(task, 1)[0]
     builder = SimulatedBuilder()
     runner = SimulatedRunner({config_json(best): 200.0, config_json(task.default()): 300.0})
     best_rounds, default_rounds = measure_rounds(task, best, Measurer(builder, runner), rounds=5)
@@ -112,8 +91,8 @@ class Alternating:
 
 
 def test_an_open_confirmation_measures_more_rounds_and_keeps_the_alternation() -> None:
-    task = _task()
-    best = _other(task)
+    task = softmax_task()
+    best = other_configs(task, 1)[0]
     measurer, runner = _measurer(Alternating(best))
     best_rounds, default_rounds = measure_rounds(task, best, measurer, rounds=5)
     assert best_rounds == [100.0, 106.0, 100.0, 106.0, 100.0, 98.0, 98.0, 98.0, 98.0, 98.0]
@@ -127,7 +106,7 @@ def test_an_open_confirmation_measures_more_rounds_and_keeps_the_alternation() -
 
 
 def test_a_noisy_default_gives_a_confirmed_speedup_not_the_stored_one(url: str) -> None:
-    task = _task()
+    task = softmax_task()
     timings = LoadedMachine(task.default(), 200.0, 200.0)
     measurer, _ = _measurer(timings)
     summary = tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
@@ -149,7 +128,7 @@ def test_a_noisy_default_gives_a_confirmed_speedup_not_the_stored_one(url: str) 
 
 
 def test_a_record_confirmed_slower_than_the_default_is_not_compiled_in(url: str, tmp_path: Path) -> None:
-    task = _task()
+    task = softmax_task()
     # the search measures each config at 100 us once; measured again beside the default they take 400 us
     timings = LoadedMachine(task.default(), 100.0, 400.0)
     measurer, _ = _measurer(timings)
@@ -189,7 +168,7 @@ class Disturbed:
 
 
 def test_a_paired_median_contradicted_by_the_fastest_rounds_keeps_the_default(url: str) -> None:
-    task = _task()
+    task = softmax_task()
     measurer, _ = _measurer(Disturbed(task.default()))
     summary = tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
     (result,) = summary.tasks
@@ -211,7 +190,7 @@ def test_kiln_bench_tuned_runs_a_kernel_whose_record_kept_the_default(url: str) 
     from compiler.reference import random_inputs, run_reference
     from tuner.bench.contenders import BenchContext, KilnContender, PreparedWorkload
 
-    task = _task()
+    task = softmax_task()
     measurer, _ = _measurer(LoadedMachine(task.default(), 100.0, 400.0))
     tune("softmax", "cpu", url, 6, batch=3, measurer=measurer, time_model=False, seed=1)
     graph = load_model("softmax")
@@ -226,7 +205,7 @@ def test_kiln_bench_tuned_runs_a_kernel_whose_record_kept_the_default(url: str) 
 
 
 def test_records_without_a_confirmation_are_applied_and_marked_unconfirmed(url: str, tmp_path: Path) -> None:
-    task = _task()
+    task = softmax_task()
     timings = LoadedMachine(task.default(), 200.0, 200.0)
     summary = tune(
         "softmax", "cpu", url, 6, measurer=_measurer(timings)[0], time_model=False, confirm_rounds=0
@@ -246,7 +225,7 @@ def test_records_without_a_confirmation_are_applied_and_marked_unconfirmed(url: 
 
 
 def test_confirmations_travel_with_export_and_import(url: str, tmp_path: Path) -> None:
-    task = _task()
+    task = softmax_task()
     timings = LoadedMachine(task.default(), 200.0, 200.0)
     tune("softmax", "cpu", url, 6, measurer=_measurer(timings)[0], time_model=False, seed=1)
     export = tmp_path / "all.jsonl"
@@ -270,7 +249,7 @@ def test_confirmations_travel_with_export_and_import(url: str, tmp_path: Path) -
 
 
 def test_compile_on_another_machine_class_reports_zero_coverage_with_a_hint(url: str, tmp_path: Path) -> None:
-    task = _task()
+    task = softmax_task()
     host = Target.host()
     other_isa = "avx2" if host.isa == "avx512" else "avx512"
     foreign = f"cpu/{host.arch}/{host.device}/{other_isa}/{host.cores}"

@@ -13,40 +13,15 @@ from pathlib import Path
 import pytest
 
 import tuner
-from compiler.frontend import load_model
-from compiler.target import Target
 from db.database import RecordIn, TuningDatabase
 from db.records import ConfirmationIn
 from db.status import Status
 from tests.cli import kiln
+from tests.tuner.confirm_helpers import other_configs, softmax_task
 from tuner.api import tune
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
 from tuner.space import config_json
-from tuner.task import extract_tasks
-
-
-def _task():
-    (task,) = extract_tasks(load_model("softmax"), Target.host())
-    return task
-
-
-def _others(task, n: int) -> list[dict]:
-    """``n`` valid configs of the task, none of them its default."""
-    default, found = task.default(), []
-    for knob in task.space():
-        for value in knob.values:
-            config = {**default, knob.name: value}
-            if value == default[knob.name]:
-                continue
-            try:
-                task.check(config)
-            except Exception:
-                continue
-            found.append(config)
-            if len(found) == n:
-                return found
-    raise AssertionError(f"the task has fewer than {n} other valid configs")
 
 
 @pytest.fixture
@@ -97,8 +72,8 @@ def test_a_record_confirmed_not_faster_keeps_the_default_over_a_lower_unconfirme
 ) -> None:
     """A later run added a record with a lower median that was never confirmed (interrupted, or tuned with
     --confirm-rounds 0): the workload keeps the default, the confirmation said its medians lie."""
-    task = _task()
-    a, b = _others(task, 2)
+    task = softmax_task()
+    a, b = other_configs(task, 2)
     _setup(url, task)
     _record(url, task, a, 100.0)
     _confirm(url, task, a, 400.0, 269.0)  # not faster
@@ -119,8 +94,8 @@ def test_a_record_confirmed_not_faster_keeps_the_default_over_a_lower_unconfirme
 
 
 def test_a_record_confirmed_faster_beats_a_lucky_unconfirmed_median(url: str, tmp_path: Path) -> None:
-    task = _task()
-    a, b = _others(task, 2)
+    task = softmax_task()
+    a, b = other_configs(task, 2)
     _setup(url, task)
     _record(url, task, a, 100.0)
     _confirm(url, task, a, 200.0, 269.0)  # faster
@@ -140,8 +115,8 @@ def test_a_record_confirmed_faster_beats_a_lucky_unconfirmed_median(url: str, tm
 def test_a_lucky_remeasurement_of_the_default_does_not_undo_a_confirmed_speedup(url: str) -> None:
     """The plan search commits re-measurements of each group's best config and default: a default measured
     in a quiet moment must not push out the record confirmed faster."""
-    task = _task()
-    (a,) = _others(task, 1)
+    task = softmax_task()
+    (a,) = other_configs(task, 1)
     _setup(url, task)
     _record(url, task, task.default(), 300.0)
     _record(url, task, a, 100.0)
@@ -152,8 +127,8 @@ def test_a_lucky_remeasurement_of_the_default_does_not_undo_a_confirmed_speedup(
 
 
 def test_a_retune_confirming_another_config_not_faster_keeps_the_earlier_confirmed_record(url: str) -> None:
-    task = _task()
-    a, b = _others(task, 2)
+    task = softmax_task()
+    a, b = other_configs(task, 2)
     _setup(url, task)
     _record(url, task, a, 100.0)
     _confirm(url, task, a, 200.0, 269.0)  # run 1: faster
@@ -165,8 +140,8 @@ def test_a_retune_confirming_another_config_not_faster_keeps_the_earlier_confirm
 
 
 def test_the_highest_confirmed_speedup_wins_among_confirmed_records(url: str) -> None:
-    task = _task()
-    a, b = _others(task, 2)
+    task = softmax_task()
+    a, b = other_configs(task, 2)
     _setup(url, task)
     _record(url, task, a, 90.0)
     _confirm(url, task, a, 250.0, 269.0)  # 1.08x
@@ -178,8 +153,8 @@ def test_the_highest_confirmed_speedup_wins_among_confirmed_records(url: str) ->
 def test_a_merge_keeps_every_confirmation_and_the_newer_verdict_of_a_config(url: str, tmp_path: Path) -> None:
     """Merging stores the other database's confirmations after ours (higher ids): an older verdict of the
     same config must not override ours, nor its best's confirmation hide our confirmed record."""
-    task = _task()
-    a, b = _others(task, 2)
+    task = softmax_task()
+    a, b = other_configs(task, 2)
     other = f"sqlite:///{tmp_path / 'other.db'}"
     for u in (url, other):
         _setup(u, task)
@@ -223,7 +198,7 @@ class FailsWhenConfirmed:
 
 
 def test_a_config_whose_confirmation_round_failed_is_never_applied(url: str) -> None:
-    task = _task()
+    task = softmax_task()
     timings = FailsWhenConfirmed(task.default())
     summary = tune(
         "softmax", "cpu", url, 6, batch=3, measurer=Measurer(SimulatedBuilder(), SimulatedRunner(timings)),
@@ -263,7 +238,7 @@ def _tune(url: str, timings: Timings):
 def test_the_next_run_confirms_the_record_that_would_displace_a_not_faster_one(url: str) -> None:
     """Run 1's best was confirmed not faster; run 2 finds records as fast by their medians. Its end-of-run
     confirmation measures one of those (not run 1's best again), and compile applies it once confirmed."""
-    task = _task()
+    task = softmax_task()
     first = _tune(url, Timings(task.default(), 269.0, 100.0, 400.0))  # a busy machine
     (r1,) = first.tasks
     c1 = first.confirmation(r1)
@@ -307,7 +282,7 @@ def test_a_retune_whose_best_is_not_faster_keeps_the_confirmed_record_and_says_s
     """Run 1 confirms its best faster; run 2 finds lower medians, and its best is confirmed not faster:
     compile goes on applying run 1's record (re-confirmed in the same rounds, as fast as in run 1), and run
     2's summary and confirmation line say so."""
-    task = _task()
+    task = softmax_task()
     first = _tune(url, Timings(task.default(), 269.0, 100.0, 200.0))
     (r1,) = first.tasks
     c1 = first.confirmation(r1)
@@ -332,7 +307,7 @@ def test_a_challenger_and_the_record_it_would_displace_are_confirmed_in_the_same
     """Run 1 confirms A 1.34x. Run 2 finds B, faster by its median: the confirmation measures B, A and the
     default in the same rounds and stores both verdicts, so compile compares speed-ups measured together
     (not run 1's against run 2's): A stays when it is still the faster one, B replaces it otherwise."""
-    task = _task()
+    task = softmax_task()
     first = _tune(url, Timings(task.default(), 269.0, 100.0, 200.0))
     (r1,) = first.tasks
     a = first.confirmation(r1)

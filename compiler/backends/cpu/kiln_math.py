@@ -255,13 +255,19 @@ static inline VF kiln_erfSFX(VF x) {
 }
 
 
-# the reduction and polynomial of exp (t holds n in its low bits, p = e^r): e^r = 1 + r(1 + r P(r)) in Horner
-# form, 6 FMAs (written 1 + r + r^2 P(r) it took 7 operations and was less accurate: 1.22 vs 0.85 ulp)
-_EXP_POLY = """\
+# exp's argument reduction, shared by exp and exp_le0: x = n ln2 + r (t holds n in its low bits)
+_EXP_REDUCE = """\
   VF t = XC * 1.44269502e+00f + 12582912.0f;
   VF n = t - 12582912.0f;
   VF r = XC - n * 6.93359375e-01f;
   r = r - n * -2.12194440e-04f;
+"""
+
+# exp's polynomial (p = e^r): e^r = 1 + r(1 + r P(r)) in Horner form, 6 FMAs (written 1 + r + r^2 P(r) it
+# took 7 operations and was less accurate: 1.22 vs 0.85 ulp)
+_EXP_POLY = (
+    _EXP_REDUCE
+    + """\
   VF p = SPLAT(1.382046845e-03f);
   p = p * r + 8.369250223e-03f;
   p = p * r + 4.166828468e-02f;
@@ -270,13 +276,12 @@ _EXP_POLY = """\
   p = p * r + 1.0f;
   p = p * r + 1.0f;
 """
+)
 
 # exp_le0's: e^r = 1 + r P(r), P of degree 4 (scripts/fit_math.py), in Horner form
-_EXP5_POLY = """\
-  VF t = XC * 1.44269502e+00f + 12582912.0f;
-  VF n = t - 12582912.0f;
-  VF r = XC - n * 6.93359375e-01f;
-  r = r - n * -2.12194440e-04f;
+_EXP5_POLY = (
+    _EXP_REDUCE
+    + """\
   VF p = SPLAT(8.290625177e-03f);
   p = p * r + 4.190231860e-02f;
   p = p * r + 1.666765064e-01f;
@@ -284,6 +289,7 @@ _EXP5_POLY = """\
   p = p * r + 9.999997020e-01f;
   p = p * r + 1.0f;
 """
+)
 
 # Without vscalefps (AVX2, SSE): when every lane has |x| < 86 (n in [-124, 124], so p * 2^n is normal),
 # skip the clamps and apply 2^n by adding n to p's exponent bits (t << 23 is n << 23: the magic constant's
