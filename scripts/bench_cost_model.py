@@ -1049,8 +1049,8 @@ def _plot_curves(runs, specs, methods, best, path: Path) -> None:
 # previous version's GBDT (regression on the prior's residual), the analytic prior alone, random scores
 HELD_MODELS = {
     "gbdt": ("gbdt", {}),
-    # kiln tune's default before i18-top5 (i18-heldout's): transfer weight m/(m+8), no fitting in line
-    "previous": ("gbdt", {"transfer_workloads": 8.0, "inline_below": 0}),
+    # kiln tune's default before stop 28 (i18-top5's): 40 trees of 10 leaves
+    "previous": ("gbdt", {"max_leaf_nodes": 10}),
     "residual": ("gbdt", {"target": "residual"}),
     "analytic": ("analytic", {}),
     "random": ("random", {}),
@@ -1174,11 +1174,12 @@ def heldout(args: argparse.Namespace) -> None:
 # all the training rows, so inline_below, which only changes when a search fits, does not enter it.)
 DEV_VARIANTS = (
     {"max_iter": 150, "max_leaf_nodes": 15, "transfer_workloads": 0.0},  # i18-cm2's default
-    {"transfer_workloads": 8.0},  # i18-heldout's default
+    {"transfer_workloads": 8.0, "max_leaf_nodes": 10},  # i18-heldout's default
+    {"max_leaf_nodes": 10},  # i18-top5's default
     {},
     {"transfer_workloads": 16.0},
     {"transfer_workloads": 64.0},
-    {"max_iter": 40, "max_leaf_nodes": 7},
+    {"max_iter": 40, "max_leaf_nodes": 5},
     {"max_iter": 20, "max_leaf_nodes": 10},
     {"learning_rate": 0.05},
     {"center": False},

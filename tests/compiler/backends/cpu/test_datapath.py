@@ -1,4 +1,4 @@
-"""The measured FMA datapath: the decision rule, the probe on this host, its cache, and the cost model's use."""
+"""The measured FMA datapath: the decision rule, the probe on this host, its cache, the cost model's use."""
 
 from __future__ import annotations
 
