@@ -1937,6 +1937,7 @@ def run_all(args: argparse.Namespace) -> None:
                 "dev": args.dev,
                 "n": POOL,
                 "seed": 0,
+                "pairs": None,
             }
         )
     )
