@@ -77,7 +77,12 @@ def tune(model: str, method: str, trials_per_task: int, seed: int, workdir: Path
         raise SystemExit(f"{model} --cost-model {method} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with sqlite3.connect(db) as con:
         counts = dict(con.execute("select status, count(*) from kiln_records group by status").fetchall())
-        tasks = con.execute("select count(distinct workload_id) from kiln_records").fetchone()[0]
+        tasks = con.execute("select count(distinct workload_id) from kiln_model_tasks").fetchone()[0]
+        # records of the model's own tasks (the rest: groups of other fusion plans, tuned by the plan search)
+        on_tasks = con.execute(
+            "select count(*) from kiln_records "
+            "where workload_id in (select workload_id from kiln_model_tasks)"
+        ).fetchone()[0]
     print(
         f"{model} {method}: {wall:.1f} s, records {counts}, "
         f"load {load_before:.2f} -> {os.getloadavg()[0]:.2f}",
@@ -91,6 +96,7 @@ def tune(model: str, method: str, trials_per_task: int, seed: int, workdir: Path
         "records": sum(counts.values()),
         "ok": counts.get("ok", 0),
         "tasks": tasks,
+        "on_tasks": on_tasks,
         "command": " ".join(shlex.quote(a) for a in ["kiln", *argv[3:]]),
     }
 
@@ -212,18 +218,20 @@ def main() -> int:
         "its default: TPE, batch 8, early stop 64, fusion auto, 5 confirmation rounds), each into a fresh "
         "SQLite database (so the GBDT starts cold, from the analytic prior) and a fresh build cache; the two "
         "runs of a model follow each other, the order alternating from model to model (column 'order'). "
-        "'workloads' counts the distinct kernels' workloads tuned (tasks of one shape share one). "
-        "'tune s' is the wall time of the `kiln tune` process (Python start-up included); 'records' the "
-        "measurements stored in its database (every status). Then the model compiled with each database's "
-        "best records (`kiln compile --use-db`'s choice) and with default schedules was checked against the "
-        "numpy reference "
-        f"(max|err| / max(1, max|ref|) <= {TOLERANCE:g}) and timed in {args.rounds} interleaved rounds, the "
-        f"order rotated every round, {args.min_time:g} s of back-to-back calls per contender per round "
-        "(tuner/bench/timing.py); latencies are the median of the round medians in microseconds +- half the "
-        "interquartile range of the round medians. 'others' is the CPU other processes used during the "
-        "timing rounds, in cores' worth.",
+        "'tasks' counts the model's tuning tasks (kernels of one workload share one). 'tune s' is the wall "
+        "time of the `kiln tune` process (Python start-up included). 'records' counts the measurements "
+        "stored in its database (every status), 'of tasks' those of the model's own tasks; the rest belong "
+        "to the fusion plan search that `--fusion auto` runs under the same budget: the groups of other "
+        "plans, each tuned briefly through the same filter (which plan to measure next is picked by the "
+        "analytic estimate with either setting). Then the model compiled with each database's best records "
+        "(`kiln compile --use-db`'s choice) and with default schedules was checked against the numpy "
+        f"reference (max|err| / max(1, max|ref|) <= {TOLERANCE:g}) and timed in {args.rounds} interleaved "
+        f"rounds, the order rotated every round, {args.min_time:g} s of back-to-back calls per contender "
+        "per round (tuner/bench/timing.py); latencies are the median of the round medians in microseconds "
+        "+- half the interquartile range of the round medians. 'others' is the CPU other processes used "
+        "during the timing rounds, in cores' worth.",
         "",
-        "| model | workloads | order | default us | none us | gbdt us | latency gbdt/none | none tune s | "
+        "| model | tasks | order | default us | none us | gbdt us | latency gbdt/none | none tune s | "
         "gbdt tune s | tune s gbdt/none | none records | gbdt records | load (1 min) | others |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -238,8 +246,7 @@ def main() -> int:
             f"{tu['none']['wall_s']:.0f}",
             f"{tu['gbdt']['wall_s']:.0f}",
             f"{wr:.2f}",
-            f"{tu['none']['records']} ({tu['none']['ok']} ok)",
-            f"{tu['gbdt']['records']} ({tu['gbdt']['ok']} ok)",
+            *(f"{tu[m]['records']} ({tu[m]['ok']} ok; {tu[m]['on_tasks']} of tasks)" for m in METHODS),
             f"{r['load']:.2f}",
             "-" if t["others_cpu"] is None else f"{t['others_cpu']:.2f}",
         ]
