@@ -43,6 +43,8 @@ TOLERANCE = 1e-3  # max|err| / max(1, max|ref|), as kiln bench checks
 RULE_LATENCY_GEOMEAN = 1.02
 RULE_LATENCY_WORST = 1.10
 RULE_WALL_GEOMEAN = 1.15
+MAX_SPREAD = 0.10  # a timing whose round medians spread more (half IQR / median) was disturbed: time again
+ATTEMPTS = 3
 
 
 def git_commit() -> str:
@@ -141,6 +143,26 @@ def time_models(model: str, tuned: dict[str, dict], rounds: int, min_time: float
     return out
 
 
+def worst_spread(timing: dict) -> float:
+    return max(timing[name][1] for name in ["default", *METHODS])
+
+
+def time_calm(model: str, tuned: dict[str, dict], rounds: int, min_time: float) -> dict:
+    """:func:`time_models` again (at most ``ATTEMPTS`` times in all) while some contender's round medians
+    spread more than ``MAX_SPREAD``: another job's bursts on this shared 2-core machine can slow more than
+    half of one contender's rounds. The attempt with the smallest worst spread is kept, with the count."""
+    attempts = []
+    while len(attempts) < ATTEMPTS:
+        attempts.append(time_models(model, tuned, rounds, min_time))
+        if worst_spread(attempts[-1]) <= MAX_SPREAD:
+            break
+        print(
+            f"{model}: round medians spread {worst_spread(attempts[-1]):.0%}, timing again", file=sys.stderr
+        )
+    best = min(attempts, key=worst_spread)
+    return {**best, "attempts": len(attempts)}
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -172,7 +194,7 @@ def main() -> int:
         order = METHODS if i % 2 == 0 else METHODS[::-1]
         tuned = {m: tune(model, m, args.trials_per_task, args.seed, workdir) for m in order}
         load_before_timing = os.getloadavg()[0]
-        timing = time_models(model, tuned, args.rounds, args.min_time)
+        timing = time_calm(model, tuned, args.rounds, args.min_time)
         results.append(
             {"model": model, "order": order, "tuned": tuned, "timing": timing, "load": load_before_timing}
         )
@@ -228,12 +250,15 @@ def main() -> int:
         f"reference (max|err| / max(1, max|ref|) <= {TOLERANCE:g}) and timed in {args.rounds} interleaved "
         f"rounds, the order rotated every round, {args.min_time:g} s of back-to-back calls per contender "
         "per round (tuner/bench/timing.py); latencies are the median of the round medians in microseconds "
-        "+- half the interquartile range of the round medians. 'others' is the CPU other processes used "
-        "during the timing rounds, in cores' worth.",
+        "+- half the interquartile range of the round medians. When some contender's spread exceeded "
+        f"{MAX_SPREAD:.0%} (another job's bursts slowed most of its rounds), the model's timing was "
+        f"repeated, up to {ATTEMPTS} attempts in all, and the attempt with the smallest worst spread is "
+        "shown ('timings': attempts made). 'others' is the CPU other processes used during the shown "
+        "attempt's rounds, in cores' worth.",
         "",
         "| model | tasks | order | default us | none us | gbdt us | latency gbdt/none | none tune s | "
-        "gbdt tune s | tune s gbdt/none | none records | gbdt records | load (1 min) | others |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "gbdt tune s | tune s gbdt/none | none records | gbdt records | load (1 min) | timings | others |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r, lr, wr in zip(results, lat_ratio, wall_ratio):
         t, tu = r["timing"], r["tuned"]
@@ -248,6 +273,7 @@ def main() -> int:
             f"{wr:.2f}",
             *(f"{tu[m]['records']} ({tu[m]['ok']} ok; {tu[m]['on_tasks']} of tasks)" for m in METHODS),
             f"{r['load']:.2f}",
+            str(t["attempts"]),
             "-" if t["others_cpu"] is None else f"{t['others_cpu']:.2f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
