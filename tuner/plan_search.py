@@ -208,6 +208,8 @@ class PlanSearch:
         self.pending_trial: Any = None
         self.confirmed: dict[str, float] = {}  # workload key -> re-measured latency (see confirm)
         self.finalists: set[str] | None = None  # the plans confirm compared (None: every measured plan)
+        self.whole: Any = None  # the whole-model timing of check_whole (a tuner.plan_whole.WholeTiming)
+        self.whole_checked: set[str] = set()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.dists = {k: optuna.distributions.CategoricalDistribution((0, 1)) for k in self.rule}
         self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), direction="minimize")
@@ -498,11 +500,11 @@ class PlanSearch:
         self.confirmed = confirmed
         return n
 
-    # ----------------------------------------------------------- outcome
-    def outcome(self) -> PlanOutcome | None:
-        """The best measured plan and the rules' plan, scored again with the groups' final best latencies
-        (tuning after a plan was scored may have improved its groups); None before the rules' plan has a
-        score."""
+    # ----------------------------------------------------- whole model
+    def _scored(self) -> tuple[float | None, list[tuple[float, PlanResult]]]:
+        """The rules' plan's score and the other candidate plans' (the finalists once confirmed), scored
+        again with the groups' final best latencies (tuning after a plan was scored may have improved its
+        groups)."""
         scored = []
         for key, r in self.results.items():
             if r.latency_us is None or (self.finalists is not None and key not in self.finalists):
@@ -511,23 +513,100 @@ class PlanSearch:
             if latency is not None:
                 scored.append((latency, r))
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
+        return rule, [(lat, r) for lat, r in scored if r.plan != self.rule]
+
+    def check_whole(self, configs: Any, timer: Any) -> None:
+        """Time the whole model under the rules' plan and under each plan that beats it by ``MIN_GAIN`` by
+        the sum of kernels (at most ``CONFIRM_PLANS``, best first), every group with ``configs``'s schedule
+        (:mod:`tuner.plan_whole`); :meth:`outcome` then keeps such a plan only if the whole model under it
+        is ``MIN_GAIN`` faster than under the rules' plan. On CUDA nothing is timed (see
+        :mod:`tuner.plan_whole`): the sum-of-kernels rule decides, and the log says so."""
+        from tuner.plan_whole import time_plans
+
+        rule, others = self._scored()
+        if rule is None:
+            return
+        better = sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
+        if not better:
+            return
+        if self.target.kind != "cpu":
+            log.info(
+                "%s: the whole model is not timed on %s; the sum of the kernels' latencies chooses the plan",
+                self.task.name,
+                self.target.kind,
+            )
+            return
+        finalists = {plan_json(r.plan): r for _, r in better[:CONFIRM_PLANS]}
+        plans = {"rules": self.region.to_global(self.rule)}
+        plans.update((key, self.region.to_global(r.plan)) for key, r in finalists.items())
+        self.whole = time_plans(self.graph, self.target, plans, configs, timer)
+        self.whole_checked = set(finalists)
+        if self.whole.problem is not None:
+            log.warning("%s: the rules' plan is kept: %s", self.task.name, self.whole.problem)
+
+    # ----------------------------------------------------------- outcome
+    def outcome(self) -> PlanOutcome | None:
+        """The plan to store and the rules' plan, scored again with the groups' final best latencies; None
+        before the rules' plan has a score. The best plan by the sum of kernels replaces the rules' only when
+        it beats them by ``MIN_GAIN`` (a smaller gain is within the noise of the confirmation itself) and, on
+        the CPU, when the whole model under it (:meth:`check_whole`) is ``MIN_GAIN`` faster than under the
+        rules' plan too; the best such plan by the whole model is stored, with both whole-model latencies."""
+        rule, others = self._scored()
         if rule is None:
             return None
-        # the rules' plan stays unless another beats it by MIN_GAIN (a smaller gain is within the noise of
-        # the confirmation itself)
-        latency, best = rule, self.results[plan_json(self.rule)]
-        others = [(lat, r) for lat, r in scored if r.plan != self.rule]
-        if others:
-            lat, r = min(others, key=lambda lr: lr[0])
-            if lat < rule * (1 - MIN_GAIN):
-                latency, best = lat, r
-        workloads = tuple(t.workload_key for t in best.tasks)
-        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored), workloads)
+        n = 1 + len(others)
+        rules_result = self.results[plan_json(self.rule)]
+        better = sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
+        if not better:
+            return self._outcome(rules_result, rule, rule, n)
+        if self.target.kind != "cpu":
+            latency, best = better[0]
+            return self._outcome(best, latency, rule, n)
+        whole = self.whole
+        if whole is None:
+            why = "the best plan by the sum of kernels was not timed on the whole model"
+            log.warning("%s: the rules' plan is kept: %s", self.task.name, why)
+            return self._outcome(rules_result, rule, rule, n, why=why)
+        if whole.problem is not None:
+            return self._outcome(rules_result, rule, rule, n, why=whole.problem)
+        rule_whole = whole.medians["rules"]
+        timed = [
+            (whole.medians[plan_json(r.plan)], lat, r)
+            for lat, r in better
+            if plan_json(r.plan) in whole.medians
+        ]
+        plan_whole, latency, best = min(timed, key=lambda t: t[0])
+        if plan_whole < rule_whole * (1 - MIN_GAIN):
+            return self._outcome(best, latency, rule, n, plan_whole, rule_whole)
+        why = (
+            f"{', '.join(self.region.flipped(best.plan))} flipped: {latency:,.1f} vs {rule:,.1f} us by the "
+            f"sum of kernels, but the whole model runs {plan_whole:,.1f} vs {rule_whole:,.1f} us under the "
+            "rules' plan"
+        )
+        log.info("%s: the rules' plan is kept: %s", self.task.name, why)
+        return self._outcome(rules_result, rule, rule, n, rule_whole, rule_whole, why)
+
+    def _outcome(
+        self,
+        result: PlanResult,
+        latency: float,
+        rule: float,
+        n: int,
+        whole_us: float | None = None,
+        rule_whole_us: float | None = None,
+        why: str = "",
+    ) -> PlanOutcome:
+        workloads = tuple(t.workload_key for t in result.tasks)
+        return PlanOutcome(
+            self.region, dict(result.plan), latency, rule, n, workloads, whole_us, rule_whole_us, why
+        )
 
 
 @dataclass(frozen=True)
 class PlanOutcome:
-    """What the search of one region found: the best plan (region-local ids), its latency and the rules'."""
+    """What the search of one region found: the best plan (region-local ids), its latency and the rules'
+    (sums of kernels), and the whole model's latency under each when it was timed end to end; ``why``: why
+    a plan that beat the rules by the sum of kernels was not kept (empty when none was rejected)."""
 
     region: Region
     plan: FusionPlan
@@ -535,6 +614,9 @@ class PlanOutcome:
     rule_latency_us: float
     plans_measured: int
     workloads: tuple[str, ...] = ()  # the workload keys of the plan's groups (what compile will build)
+    whole_us: float | None = None
+    rule_whole_us: float | None = None
+    why: str = ""
 
     @property
     def flipped(self) -> list[str]:
@@ -542,7 +624,13 @@ class PlanOutcome:
 
     def commit(self, db: Any, target_key: str) -> int:
         return db.commit_fusion_plan(
-            self.region.key, target_key, self.plan, self.latency_us, rule_latency_us=self.rule_latency_us
+            self.region.key,
+            target_key,
+            self.plan,
+            self.latency_us,
+            rule_latency_us=self.rule_latency_us,
+            whole_us=self.whole_us,
+            rule_whole_us=self.rule_whole_us,
         )
 
 
@@ -580,18 +668,24 @@ class PlanReport:
 
 def database_plan(db: Any, graph: Graph, target: Target) -> PlanReport:
     """The fusion plan compile applies for ``graph`` (optimized) on ``target``: for each region, its best
-    stored plan when that beats the rules' plan; a stored plan naming edges the region does not have is
-    reported (a warning, and a ``stale`` line) and skipped, never applied."""
+    stored plan when that beats the rules' plan — on the CPU, when the whole model timed under it beat the
+    whole model under the rules' plan (a plan stored without that timing, by an older kiln, is not applied);
+    on CUDA, by the sum of its kernels. A stored plan naming edges the region does not have is reported (a
+    warning, and a ``stale`` line) and skipped, never applied."""
     report = PlanReport()
     for region in target_regions(graph, target):
         rec = db.best_fusion_plan(region.key, target.key)
         if rec is None:
             continue
+        if target.kind == "cpu" and rec.whole_us is None:  # the best plan timed on the whole model, if any
+            rec = next((r for r in db.fusion_plans(region.key, target.key) if r.whole_us is not None), rec)
         line = {
             "region": region.index,
             "region_key": region.key,
             "latency_us": rec.latency_us,
             "rule_latency_us": rec.rule_latency_us,
+            "whole_us": rec.whole_us,
+            "rule_whole_us": rec.rule_whole_us,
             "flipped": [],
         }
         try:
@@ -613,6 +707,15 @@ def database_plan(db: Any, graph: Graph, target: Target) -> PlanReport:
         if rec.rule_latency_us is None or not rec.latency_us < rec.rule_latency_us or not line["flipped"]:
             report.lines.append({**line, "status": "rules", "why": "the rules' plan is as fast"})
             continue
+        if target.kind == "cpu":
+            if rec.whole_us is None or rec.rule_whole_us is None:
+                why = "not timed on the whole model (stored by an older kiln): tune again to check it"
+                report.lines.append({**line, "status": "rules", "why": why})
+                continue
+            if not rec.whole_us < rec.rule_whole_us:
+                why = "the whole model is as fast under the rules' plan"
+                report.lines.append({**line, "status": "rules", "why": why})
+                continue
         report.plan.update(global_plan)
         report.lines.append({**line, "status": "applied", "why": ""})
     return report
