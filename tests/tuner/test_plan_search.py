@@ -189,11 +189,16 @@ def small_m_projection():
     return b.build([b.gelu(b.add(y, b.param("bias", rng.standard_normal(16).astype(np.float32))))])
 
 
-def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url):
+def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url, caplog):
     """On CUDA the rules split a small-M GEMM (partials + a reduction); where an extra kernel only costs,
     the search stores the plan that keeps the GEMM whole, and the compile side (database_plan, plan_model)
-    applies it; the CPU target never sees the edge."""
+    applies it; the CPU target never sees the edge. The whole model is not timed on CUDA: the sum of
+    kernels decides, and the log says so."""
+    import logging
+
     from compiler.build import plan_model
+
+    caplog.set_level(logging.INFO, "kiln.plans")
 
     graph = small_m_projection()
     summary = tune(
@@ -203,7 +208,8 @@ def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url)
     (split,) = [e for e in found.region.edges if e.rule == "split_k"]
     local = found.region.local_ids[split.id]
     assert found.flipped == [local] and found.plan[local] is False
-    assert found.latency_us < found.rule_latency_us
+    assert found.latency_us < found.rule_latency_us and found.whole_us is None
+    assert "the whole model is not timed on cuda" in caplog.text
     with TuningDatabase.open(url) as db:
         report = database_plan(db, optimize(graph), CUDA)
         assert report.plan[split.id] is False and report.lines[0]["flipped"] == [local]
