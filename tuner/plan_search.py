@@ -1,17 +1,20 @@
 """Fusion decisions searched per region: which optional fusion edges of a region to take.
 
-A region (:func:`compiler.fusion.regions`) has optional edges; a plan is edge -> fuse or not. A plan is
-scored by the sum of the best measured latencies of the region's groups under it (weight x latency: a
-workload that occurs twice counts twice). A group's workload key does not depend on the plan, so a group
-already measured under another plan (or as an ordinary schedule task) is reused as it is; a new group is
-tuned with a small budget (``group_trials`` measured candidates) through the same :class:`TaskTuner` /
-measurer path as every schedule task, and its records go to the database like any other.
+A region (:func:`compiler.fusion.regions`) has optional edges; a plan is edge -> fuse or not. During the
+search a plan is scored by the sum of the best measured latencies of the region's groups under it (weight x
+latency: a workload that occurs twice counts twice). A group's workload key does not depend on the plan, so
+a group already measured under another plan (or as an ordinary schedule task) is reused as it is; a new
+group is tuned with a small budget (``group_trials`` measured candidates) through the same
+:class:`TaskTuner` / measurer path as every schedule task, and its records go to the database like any
+other.
 
-Nothing else is added for the boundaries between kernels: writing an unfused intermediate and reading it
-back, and each kernel's launch (its call and its OpenMP fork/join on the CPU, its launch on the GPU), are
-inside the separate kernels' measured latencies. What the isolated timings cannot see is the cache state a
-kernel finds in the model (its inputs warm because the harness repeats it, vs. just written by the
-producer); ``scripts/bench_fusion.py`` checks the sum-of-kernels ranking against whole compiled models.
+The sum of isolated kernel latencies ranks plans cheaply, but it is not what a plan is kept by: it cannot see
+what separates two kernels in the model (the intermediate written by one and read back by the next, the cache
+state a kernel finds there instead of the inputs the harness keeps warm, each extra call). On the CPU, the
+plans that beat the rules' plan by the sum (the finalists) are then compiled as whole models beside the rules'
+plan and timed end to end (:meth:`PlanSearch.check_whole`, :mod:`tuner.plan_whole`); a plan replaces the
+rules' only when the whole model under it is ``MIN_GAIN`` faster. On CUDA the whole model is not timed and
+the sum of kernels decides (logged).
 
 Search order (:class:`PlanSearch`): the rules' plan first, then every single-edge flip ranked by the cost
 model's estimate (the analytic roofline of each unmeasured group's default schedule, scaled by the
@@ -19,11 +22,16 @@ measured groups; horizontal edges first, which the estimate cannot rank), then O
 categorical per edge) asks a few plans per round and the estimate picks the one to measure.
 ``PlanSearch`` has the interface the :class:`~tuner.scheduler.TaskScheduler` uses (``task.weight``,
 ``task.name``, ``state``, ``step(batch)``), so one budget is shared between the schedule tasks and the
-plan search.
+plan search. At the end, :meth:`PlanSearch.confirm` re-measures the groups of the best plans and the rules'
+side by side (a plan must not win by a group measured during a busy moment), then
+:meth:`PlanSearch.check_whole` times the finalists as whole models, and :meth:`PlanSearch.outcome` decides.
 
-Records: the best plan of a region on a target is stored (``kiln_fusion_plans``) with its latency and the
-rules' plan's latency, region-local edge ids. :func:`database_plan` is what compile uses: it applies a
-stored plan only when it beats the rules, and reports and skips a plan whose edges the region no longer has.
+Records: the plan of a region on a target is stored (``kiln_fusion_plans``) with its latency and the
+rules' plan's latency (sums of kernels), both whole-model latencies where they were timed
+(``whole_us``, ``rule_whole_us``), region-local edge ids. :func:`database_plan` is what compile uses: it
+applies a stored plan only when it beats the rules (on the CPU: by the whole model; a plan stored without
+whole-model latencies is not applied there), and reports and skips a plan whose edges the region no longer
+has.
 """
 
 from __future__ import annotations
