@@ -217,7 +217,6 @@ class PlanSearch:
         self.confirmed: dict[str, float] = {}  # workload key -> re-measured latency (see confirm)
         self.finalists: set[str] | None = None  # the plans confirm compared (None: every measured plan)
         self.whole: Any = None  # the whole-model timing of check_whole (a tuner.plan_whole.WholeTiming)
-        self.whole_checked: set[str] = set()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.dists = {k: optuna.distributions.CategoricalDistribution((0, 1)) for k in self.rule}
         self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), direction="minimize")
@@ -523,6 +522,10 @@ class PlanSearch:
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
         return rule, [(lat, r) for lat, r in scored if r.plan != self.rule]
 
+    def _label(self, plan: FusionPlan) -> str:
+        """A finalist's name in the whole-model timing: ``e2_3 flipped``."""
+        return ", ".join(self.region.flipped(plan)) + " flipped"
+
     def check_whole(self, configs: Any, timer: Any) -> None:
         """Time the whole model under the rules' plan and under each plan that beats it by ``MIN_GAIN`` by
         the sum of kernels (at most ``CONFIRM_PLANS``, best first), every group with ``configs``'s schedule
@@ -544,11 +547,10 @@ class PlanSearch:
                 self.target.kind,
             )
             return
-        finalists = {plan_json(r.plan): r for _, r in better[:CONFIRM_PLANS]}
+        finalists = {self._label(r.plan): r for _, r in better[:CONFIRM_PLANS]}
         plans = {"rules": self.region.to_global(self.rule)}
         plans.update((key, self.region.to_global(r.plan)) for key, r in finalists.items())
         self.whole = time_plans(self.graph, self.target, plans, configs, timer)
-        self.whole_checked = set(finalists)
         if self.whole.problem is not None:
             log.warning("%s: the rules' plan is kept: %s", self.task.name, self.whole.problem)
 
@@ -571,7 +573,8 @@ class PlanSearch:
             latency, best = better[0]
             return self._outcome(best, latency, rule, n)
         whole = self.whole
-        if whole is None:
+        labels = {self._label(r.plan) for _, r in better}
+        if whole is None or (whole.problem is None and not labels & set(whole.medians)):
             why = "the best plan by the sum of kernels was not timed on the whole model"
             log.warning("%s: the rules' plan is kept: %s", self.task.name, why)
             return self._outcome(rules_result, rule, rule, n, why=why)
@@ -579,9 +582,9 @@ class PlanSearch:
             return self._outcome(rules_result, rule, rule, n, why=whole.problem)
         rule_whole = whole.medians["rules"]
         timed = [
-            (whole.medians[plan_json(r.plan)], lat, r)
+            (whole.medians[self._label(r.plan)], lat, r)
             for lat, r in better
-            if plan_json(r.plan) in whole.medians
+            if self._label(r.plan) in whole.medians
         ]
         plan_whole, latency, best = min(timed, key=lambda t: t[0])
         if plan_whole < rule_whole * (1 - MIN_GAIN):
