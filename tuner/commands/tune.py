@@ -153,8 +153,15 @@ def run_tune(args: argparse.Namespace) -> int:
         flipped = ", ".join(p.region.describe_edge(e) for e in p.flipped) or "the rules' plan"
         print(
             f"fusion region {p.region.index} [{p.region.key[:12]}]: {p.plans_measured} plans measured; "
-            f"best {flipped}: {p.latency_us:,.1f} us vs rules {p.rule_latency_us:,.1f} us"
+            f"best {flipped}: {p.latency_us:,.1f} us vs rules {p.rule_latency_us:,.1f} us (sums of kernels)"
+            + (
+                f"; whole model {p.whole_us:,.1f} us vs rules {p.rule_whole_us:,.1f} us"
+                if p.whole_us is not None and p.rule_whole_us is not None
+                else ""
+            )
         )
+        if p.why:
+            print(f"  rules' plan kept: {p.why}")
     if plotted:
         print(f"tuning curves written to {plotted}")
     if summary.interrupted:
