@@ -48,7 +48,7 @@ from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
 
-FEATURE_VERSION = 4
+FEATURE_VERSION = 5
 TOP_STORES = 3
 KINDS = ("pointwise", "reduction", "contraction")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler.backends.cpu.datapath import host_datapath_lanes
 from compiler.target import Target
 from cost_model.loops import Access, StoreInfo, inner_loops
 
@@ -87,7 +88,7 @@ class Machine:
     gpu: bool
     cores: int
     lanes: int  # float32 lanes of the widest vector register
-    datapath: int  # float32 lanes a vector unit processes per issue (Zen 4: 512-bit ops as two halves)
+    datapath: int  # float32 lanes one vector FMA processes per issue (measured, cpu/datapath.py)
     l1: int
     l2: int
     l3: int
@@ -131,13 +132,11 @@ class Machine:
                 sm_shared=shared,
                 max_regs=max(1, target.max_registers_per_thread),
             )
-        lanes = target.vector_lanes_f32
-        double_pumped = lanes == 16 and "AMD" in target.device.upper()
         return Machine(
             False,
             max(1, target.cores),
-            lanes,
-            lanes // 2 if double_pumped else lanes,
+            target.vector_lanes_f32,
+            host_datapath_lanes(target),
             target.l1_bytes,
             target.l2_bytes,
             max(16 * target.l2_bytes, 32 << 20),  # L3 of one CCD (the target does not say)

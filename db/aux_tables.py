@@ -191,11 +191,19 @@ class AuxTablesMixin(DatabaseCore):
         plan: dict,
         latency_us: float,
         rule_latency_us: float | None = None,
+        whole_us: float | None = None,
+        rule_whole_us: float | None = None,
     ) -> int:
         """Store a measured fusion plan of a graph region on a target (with the latency of the region under
-        the rules' plan, measured the same way, when known); return its id."""
+        the rules' plan, measured the same way, when known, and the whole model's latency under each plan
+        when it was timed end to end); return its id."""
 
-        for what, value in (("latency", latency_us), ("rules' plan latency", rule_latency_us)):
+        for what, value in (
+            ("latency", latency_us),
+            ("rules' plan latency", rule_latency_us),
+            ("whole-model latency", whole_us),
+            ("rules' plan whole-model latency", rule_whole_us),
+        ):
             if value is None and what != "latency":
                 continue
             if not isinstance(value, int | float) or not math.isfinite(float(value)) or value < 0:
@@ -213,6 +221,8 @@ class AuxTablesMixin(DatabaseCore):
                 plan=text,
                 latency_us=float(latency_us),
                 rule_latency_us=None if rule_latency_us is None else float(rule_latency_us),
+                whole_us=None if whole_us is None else float(whole_us),
+                rule_whole_us=None if rule_whole_us is None else float(rule_whole_us),
                 kiln_version=kiln_version(),
                 host=host(),
                 created_at=utc_now(),
@@ -239,6 +249,8 @@ class AuxTablesMixin(DatabaseCore):
                 FusionPlanRow.created_at,
                 FusionPlanRow.id,
                 FusionPlanRow.rule_latency_us,
+                FusionPlanRow.whole_us,
+                FusionPlanRow.rule_whole_us,
             )
             .join(TargetRow, TargetRow.id == FusionPlanRow.target_id)
             .where(FusionPlanRow.region_key == region_key)
@@ -252,9 +264,19 @@ class AuxTablesMixin(DatabaseCore):
             rows = conn.execute(stmt).all()
         return [
             FusionPlanRecord(
-                region, tk, json.loads(plan), latency, kv, host, created.replace(tzinfo=UTC), pid, rule
+                region,
+                tk,
+                json.loads(plan),
+                latency,
+                kv,
+                host,
+                created.replace(tzinfo=UTC),
+                pid,
+                rule,
+                whole,
+                rwhole,
             )
-            for region, tk, plan, latency, kv, host, created, pid, rule in rows
+            for region, tk, plan, latency, kv, host, created, pid, rule, whole, rwhole in rows
         ]
 
     def commit_features(self, record_id: int, version: int, vector: Sequence[float] | np.ndarray) -> None:

@@ -15,7 +15,8 @@ Format (one JSON object per line, UTF-8; times are UTC ``2026-11-21T12:00:00.000
      "latencies_us": [...] | null, "median_us": ... | null, "status": ..., "error": ... | null,
      "kiln_version": ..., "host": ..., "run": <source run id> | null, "created_at": ...}
     {"type": "fusion_plan", "region_key": ..., "target": ..., "plan": {...}, "latency_us": ...,
-     "kiln_version": ..., "host": ..., "created_at": ...}
+     "kiln_version": ..., "host": ..., "created_at": ...}  (optional: "rule_latency_us", "whole_us",
+     "rule_whole_us")
     {"type": "confirmation", "workload": ..., "target": ..., "sketch": ..., "sketch_version": ...,
      "config": {...}, "default_config": {...}, "best_rounds": [...], "default_rounds": [...],
      "kiln_version": ..., "host": ..., "run": <source run id> | null, "created_at": ...}
@@ -283,11 +284,13 @@ def iter_export(
                     FusionPlanRow.host,
                     FusionPlanRow.created_at,
                     FusionPlanRow.rule_latency_us,
+                    FusionPlanRow.whole_us,
+                    FusionPlanRow.rule_whole_us,
                 )
                 .join(TargetRow, TargetRow.id == FusionPlanRow.target_id)
                 .order_by(FusionPlanRow.id)
             )
-            for region, tk, plan, latency, kv, host, created, rule in conn.execute(plans):
+            for region, tk, plan, latency, kv, host, created, rule, whole, rwhole in conn.execute(plans):
                 plan_value = _loads(plan, dict)
                 if plan_value is None or tk in bad_targets:
                     skip(f"fusion plan of region {region!r} on {tk}: not exportable")
@@ -302,8 +305,9 @@ def iter_export(
                     "host": host,
                     "created_at": format_time(created),
                 }
-                if rule is not None:
-                    line["rule_latency_us"] = rule
+                for key, value in (("rule_latency_us", rule), ("whole_us", whole), ("rule_whole_us", rwhole)):
+                    if value is not None:
+                        line[key] = value
                 yield line
 
 

@@ -391,9 +391,10 @@ class _Importer:
             target_id=tid,
             plan=line.json_text("plan"),
             latency_us=line.number("latency_us"),
-            rule_latency_us=None
-            if line.get("rule_latency_us", (int, float), optional=True) is None
-            else line.number("rule_latency_us"),
+            **{
+                key: None if line.get(key, (int, float), optional=True) is None else line.number(key)
+                for key in ("rule_latency_us", "whole_us", "rule_whole_us")
+            },
             kiln_version=line.get("kiln_version", str),
             host=line.get("host", str),
             created_at=line.time("created_at"),

@@ -139,7 +139,9 @@ class ModelTaskRow(Base):
 class FusionPlanRow(Base):
     """The measured fusion plan of a graph region on a target (region-local edge id -> fuse), with the
     latency of the region under the rules' plan measured the same way (``rule_latency_us``; None for older
-    rows)."""
+    rows): both sums of the groups' isolated latencies. ``whole_us`` / ``rule_whole_us``: the whole model
+    compiled under this plan and under the rules' plan, timed end to end side by side (None where it was
+    not: older rows, CUDA)."""
 
     __tablename__ = "kiln_fusion_plans"
     __table_args__ = (
@@ -155,6 +157,8 @@ class FusionPlanRow(Base):
     host: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime)
     rule_latency_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    whole_us: Mapped[float | None] = mapped_column(Double, nullable=True)
+    rule_whole_us: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class FeatureRow(Base):

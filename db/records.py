@@ -193,6 +193,8 @@ class FusionPlanRecord:
     created_at: datetime
     id: int
     rule_latency_us: float | None = None  # the region under the rules' plan, measured the same way
+    whole_us: float | None = None  # the whole model under this plan, timed end to end (None: not timed)
+    rule_whole_us: float | None = None  # the whole model under the rules' plan, timed beside it
 
 
 @dataclass(frozen=True)

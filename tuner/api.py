@@ -60,6 +60,7 @@ from tuner.plan_search import (
     database_plan,
     target_regions,
 )
+from tuner.plan_whole import InterleavedWholeTimer, WholeTimer
 from tuner.progress import LiveProgress
 from tuner.records import database_config_source
 from tuner.scheduler import Budget, TaskScheduler
@@ -225,6 +226,9 @@ class TuneSummary:
                     "latency_us": p.latency_us,
                     "rule_latency_us": p.rule_latency_us,
                     "plans_measured": p.plans_measured,
+                    "whole_us": p.whole_us,
+                    "rule_whole_us": p.rule_whole_us,
+                    "why": p.why or None,
                 }
                 for p in self.plans
             ],
@@ -341,6 +345,7 @@ def tune(
     resume: bool = True,
     confirm_rounds: int = DEFAULT_ROUNDS,
     fusion: str = "auto",
+    whole_timer: WholeTimer | None = None,
 ) -> TuneSummary:
     """Tune ``model`` (a Graph, a built-in model name or an ONNX file) on ``target`` into ``db``.
 
@@ -373,6 +378,9 @@ def tune(
     ``fusion`` (``search``, ``rules`` or ``auto``): with ``search``, a whole-model run also searches each
     region's fusion plan (:mod:`tuner.plan_search`) under the same budget and stores the best plan per
     region; ``auto`` searches when the budget allows (:func:`plan_search_fits`); ``rules`` keeps the rules.
+    On the CPU a plan that beats the rules' by the sum of its kernels is kept only when the whole compiled
+    model under it is faster too, timed by ``whole_timer`` (default: :class:`InterleavedWholeTimer`, real
+    end-to-end timing; :mod:`tuner.plan_whole`).
     """
     if isinstance(budget, int):
         budget = Budget(trials=budget)
@@ -527,6 +535,11 @@ def tune(
                             ).run()
                 except KeyboardInterrupt:
                     interrupted = True
+            if searches and not interrupted:
+                # a plan that wins the sum of kernels replaces the rules' only if the whole model is faster
+                configs = database_config_source(database)
+                for search in searches:
+                    search.check_whole(configs, whole_timer or InterleavedWholeTimer())
             for search in searches:
                 found = search.outcome()
                 if found is not None:

@@ -1,17 +1,20 @@
 """Fusion decisions searched per region: which optional fusion edges of a region to take.
 
-A region (:func:`compiler.fusion.regions`) has optional edges; a plan is edge -> fuse or not. A plan is
-scored by the sum of the best measured latencies of the region's groups under it (weight x latency: a
-workload that occurs twice counts twice). A group's workload key does not depend on the plan, so a group
-already measured under another plan (or as an ordinary schedule task) is reused as it is; a new group is
-tuned with a small budget (``group_trials`` measured candidates) through the same :class:`TaskTuner` /
-measurer path as every schedule task, and its records go to the database like any other.
+A region (:func:`compiler.fusion.regions`) has optional edges; a plan is edge -> fuse or not. During the
+search a plan is scored by the sum of the best measured latencies of the region's groups under it (weight x
+latency: a workload that occurs twice counts twice). A group's workload key does not depend on the plan, so
+a group already measured under another plan (or as an ordinary schedule task) is reused as it is; a new
+group is tuned with a small budget (``group_trials`` measured candidates) through the same
+:class:`TaskTuner` / measurer path as every schedule task, and its records go to the database like any
+other.
 
-Nothing else is added for the boundaries between kernels: writing an unfused intermediate and reading it
-back, and each kernel's launch (its call and its OpenMP fork/join on the CPU, its launch on the GPU), are
-inside the separate kernels' measured latencies. What the isolated timings cannot see is the cache state a
-kernel finds in the model (its inputs warm because the harness repeats it, vs. just written by the
-producer); ``scripts/bench_fusion.py`` checks the sum-of-kernels ranking against whole compiled models.
+The sum of isolated kernel latencies ranks plans cheaply, but it is not what a plan is kept by: it cannot see
+what separates two kernels in the model (the intermediate written by one and read back by the next, the cache
+state a kernel finds there instead of the inputs the harness keeps warm, each extra call). On the CPU, the
+plans that beat the rules' plan by the sum (the finalists) are then compiled as whole models beside the rules'
+plan and timed end to end (:meth:`PlanSearch.check_whole`, :mod:`tuner.plan_whole`); a plan replaces the
+rules' only when the whole model under it is ``MIN_GAIN`` faster. On CUDA the whole model is not timed and
+the sum of kernels decides (logged).
 
 Search order (:class:`PlanSearch`): the rules' plan first, then every single-edge flip ranked by the cost
 model's estimate (the analytic roofline of each unmeasured group's default schedule, scaled by the
@@ -19,11 +22,16 @@ measured groups; horizontal edges first, which the estimate cannot rank), then O
 categorical per edge) asks a few plans per round and the estimate picks the one to measure.
 ``PlanSearch`` has the interface the :class:`~tuner.scheduler.TaskScheduler` uses (``task.weight``,
 ``task.name``, ``state``, ``step(batch)``), so one budget is shared between the schedule tasks and the
-plan search.
+plan search. At the end, :meth:`PlanSearch.confirm` re-measures the groups of the best plans and the rules'
+side by side (a plan must not win by a group measured during a busy moment), then
+:meth:`PlanSearch.check_whole` times the finalists as whole models, and :meth:`PlanSearch.outcome` decides.
 
-Records: the best plan of a region on a target is stored (``kiln_fusion_plans``) with its latency and the
-rules' plan's latency, region-local edge ids. :func:`database_plan` is what compile uses: it applies a
-stored plan only when it beats the rules, and reports and skips a plan whose edges the region no longer has.
+Records: the plan of a region on a target is stored (``kiln_fusion_plans``) with its latency and the
+rules' plan's latency (sums of kernels), both whole-model latencies where they were timed
+(``whole_us``, ``rule_whole_us``), region-local edge ids. :func:`database_plan` is what compile uses: it
+applies a stored plan only when it beats the rules (on the CPU: by the whole model; a plan stored without
+whole-model latencies is not applied there), and reports and skips a plan whose edges the region no longer
+has.
 """
 
 from __future__ import annotations
@@ -208,6 +216,7 @@ class PlanSearch:
         self.pending_trial: Any = None
         self.confirmed: dict[str, float] = {}  # workload key -> re-measured latency (see confirm)
         self.finalists: set[str] | None = None  # the plans confirm compared (None: every measured plan)
+        self.whole: Any = None  # the whole-model timing of check_whole (a tuner.plan_whole.WholeTiming)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.dists = {k: optuna.distributions.CategoricalDistribution((0, 1)) for k in self.rule}
         self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), direction="minimize")
@@ -498,11 +507,11 @@ class PlanSearch:
         self.confirmed = confirmed
         return n
 
-    # ----------------------------------------------------------- outcome
-    def outcome(self) -> PlanOutcome | None:
-        """The best measured plan and the rules' plan, scored again with the groups' final best latencies
-        (tuning after a plan was scored may have improved its groups); None before the rules' plan has a
-        score."""
+    # ----------------------------------------------------- whole model
+    def _scored(self) -> tuple[float | None, list[tuple[float, PlanResult]]]:
+        """The rules' plan's score and the other candidate plans' (the finalists once confirmed), scored
+        again with the groups' final best latencies (tuning after a plan was scored may have improved its
+        groups)."""
         scored = []
         for key, r in self.results.items():
             if r.latency_us is None or (self.finalists is not None and key not in self.finalists):
@@ -511,23 +520,104 @@ class PlanSearch:
             if latency is not None:
                 scored.append((latency, r))
         rule = next((lat for lat, r in scored if r.plan == self.rule), None)
+        return rule, [(lat, r) for lat, r in scored if r.plan != self.rule]
+
+    def _label(self, plan: FusionPlan) -> str:
+        """A finalist's name in the whole-model timing: ``e2_3 flipped``."""
+        return ", ".join(self.region.flipped(plan)) + " flipped"
+
+    def check_whole(self, configs: Any, timer: Any) -> None:
+        """Time the whole model under the rules' plan and under each plan that beats it by ``MIN_GAIN`` by
+        the sum of kernels (at most ``CONFIRM_PLANS``, best first), every group with ``configs``'s schedule
+        (:mod:`tuner.plan_whole`); :meth:`outcome` then keeps such a plan only if the whole model under it
+        is ``MIN_GAIN`` faster than under the rules' plan. On CUDA nothing is timed (see
+        :mod:`tuner.plan_whole`): the sum-of-kernels rule decides, and the log says so."""
+        from tuner.plan_whole import time_plans
+
+        rule, others = self._scored()
+        if rule is None:
+            return
+        better = sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
+        if not better:
+            return
+        if self.target.kind != "cpu":
+            log.info(
+                "%s: the whole model is not timed on %s; the sum of the kernels' latencies chooses the plan",
+                self.task.name,
+                self.target.kind,
+            )
+            return
+        finalists = {self._label(r.plan): r for _, r in better[:CONFIRM_PLANS]}
+        plans = {"rules": self.region.to_global(self.rule)}
+        plans.update((key, self.region.to_global(r.plan)) for key, r in finalists.items())
+        self.whole = time_plans(self.graph, self.target, plans, configs, timer)
+        if self.whole.problem is not None:
+            log.warning("%s: the rules' plan is kept: %s", self.task.name, self.whole.problem)
+
+    # ----------------------------------------------------------- outcome
+    def outcome(self) -> PlanOutcome | None:
+        """The plan to store and the rules' plan, scored again with the groups' final best latencies; None
+        before the rules' plan has a score. The best plan by the sum of kernels replaces the rules' only when
+        it beats them by ``MIN_GAIN`` (a smaller gain is within the noise of the confirmation itself) and, on
+        the CPU, when the whole model under it (:meth:`check_whole`) is ``MIN_GAIN`` faster than under the
+        rules' plan too; the best such plan by the whole model is stored, with both whole-model latencies."""
+        rule, others = self._scored()
         if rule is None:
             return None
-        # the rules' plan stays unless another beats it by MIN_GAIN (a smaller gain is within the noise of
-        # the confirmation itself)
-        latency, best = rule, self.results[plan_json(self.rule)]
-        others = [(lat, r) for lat, r in scored if r.plan != self.rule]
-        if others:
-            lat, r = min(others, key=lambda lr: lr[0])
-            if lat < rule * (1 - MIN_GAIN):
-                latency, best = lat, r
-        workloads = tuple(t.workload_key for t in best.tasks)
-        return PlanOutcome(self.region, dict(best.plan), latency, rule, len(scored), workloads)
+        n = 1 + len(others)
+        rules_result = self.results[plan_json(self.rule)]
+        better = sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
+        if not better:
+            return self._outcome(rules_result, rule, rule, n)
+        if self.target.kind != "cpu":
+            latency, best = better[0]
+            return self._outcome(best, latency, rule, n)
+        whole = self.whole
+        labels = {self._label(r.plan) for _, r in better}
+        if whole is None or (whole.problem is None and not labels & set(whole.medians)):
+            why = "the best plan by the sum of kernels was not timed on the whole model"
+            log.warning("%s: the rules' plan is kept: %s", self.task.name, why)
+            return self._outcome(rules_result, rule, rule, n, why=why)
+        if whole.problem is not None:
+            return self._outcome(rules_result, rule, rule, n, why=whole.problem)
+        rule_whole = whole.medians["rules"]
+        timed = [
+            (whole.medians[self._label(r.plan)], lat, r)
+            for lat, r in better
+            if self._label(r.plan) in whole.medians
+        ]
+        plan_whole, latency, best = min(timed, key=lambda t: t[0])
+        if plan_whole < rule_whole * (1 - MIN_GAIN):
+            return self._outcome(best, latency, rule, n, plan_whole, rule_whole)
+        why = (
+            f"{', '.join(self.region.flipped(best.plan))} flipped: {latency:,.1f} vs {rule:,.1f} us by the "
+            f"sum of kernels, but the whole model runs {plan_whole:,.1f} vs {rule_whole:,.1f} us under the "
+            "rules' plan"
+        )
+        log.info("%s: the rules' plan is kept: %s", self.task.name, why)
+        return self._outcome(rules_result, rule, rule, n, rule_whole, rule_whole, why)
+
+    def _outcome(
+        self,
+        result: PlanResult,
+        latency: float,
+        rule: float,
+        n: int,
+        whole_us: float | None = None,
+        rule_whole_us: float | None = None,
+        why: str = "",
+    ) -> PlanOutcome:
+        workloads = tuple(t.workload_key for t in result.tasks)
+        return PlanOutcome(
+            self.region, dict(result.plan), latency, rule, n, workloads, whole_us, rule_whole_us, why
+        )
 
 
 @dataclass(frozen=True)
 class PlanOutcome:
-    """What the search of one region found: the best plan (region-local ids), its latency and the rules'."""
+    """What the search of one region found: the best plan (region-local ids), its latency and the rules'
+    (sums of kernels), and the whole model's latency under each when it was timed end to end; ``why``: why
+    a plan that beat the rules by the sum of kernels was not kept (empty when none was rejected)."""
 
     region: Region
     plan: FusionPlan
@@ -535,6 +625,9 @@ class PlanOutcome:
     rule_latency_us: float
     plans_measured: int
     workloads: tuple[str, ...] = ()  # the workload keys of the plan's groups (what compile will build)
+    whole_us: float | None = None
+    rule_whole_us: float | None = None
+    why: str = ""
 
     @property
     def flipped(self) -> list[str]:
@@ -542,7 +635,13 @@ class PlanOutcome:
 
     def commit(self, db: Any, target_key: str) -> int:
         return db.commit_fusion_plan(
-            self.region.key, target_key, self.plan, self.latency_us, rule_latency_us=self.rule_latency_us
+            self.region.key,
+            target_key,
+            self.plan,
+            self.latency_us,
+            rule_latency_us=self.rule_latency_us,
+            whole_us=self.whole_us,
+            rule_whole_us=self.rule_whole_us,
         )
 
 
@@ -580,18 +679,24 @@ class PlanReport:
 
 def database_plan(db: Any, graph: Graph, target: Target) -> PlanReport:
     """The fusion plan compile applies for ``graph`` (optimized) on ``target``: for each region, its best
-    stored plan when that beats the rules' plan; a stored plan naming edges the region does not have is
-    reported (a warning, and a ``stale`` line) and skipped, never applied."""
+    stored plan when that beats the rules' plan — on the CPU, when the whole model timed under it beat the
+    whole model under the rules' plan (a plan stored without that timing, by an older kiln, is not applied);
+    on CUDA, by the sum of its kernels. A stored plan naming edges the region does not have is reported (a
+    warning, and a ``stale`` line) and skipped, never applied."""
     report = PlanReport()
     for region in target_regions(graph, target):
         rec = db.best_fusion_plan(region.key, target.key)
         if rec is None:
             continue
+        if target.kind == "cpu" and rec.whole_us is None:  # the best plan timed on the whole model, if any
+            rec = next((r for r in db.fusion_plans(region.key, target.key) if r.whole_us is not None), rec)
         line = {
             "region": region.index,
             "region_key": region.key,
             "latency_us": rec.latency_us,
             "rule_latency_us": rec.rule_latency_us,
+            "whole_us": rec.whole_us,
+            "rule_whole_us": rec.rule_whole_us,
             "flipped": [],
         }
         try:
@@ -613,6 +718,15 @@ def database_plan(db: Any, graph: Graph, target: Target) -> PlanReport:
         if rec.rule_latency_us is None or not rec.latency_us < rec.rule_latency_us or not line["flipped"]:
             report.lines.append({**line, "status": "rules", "why": "the rules' plan is as fast"})
             continue
+        if target.kind == "cpu":
+            if rec.whole_us is None or rec.rule_whole_us is None:
+                why = "not timed on the whole model (stored by an older kiln): tune again to check it"
+                report.lines.append({**line, "status": "rules", "why": why})
+                continue
+            if not rec.whole_us < rec.rule_whole_us:
+                why = "the whole model is as fast under the rules' plan"
+                report.lines.append({**line, "status": "rules", "why": why})
+                continue
         report.plan.update(global_plan)
         report.lines.append({**line, "status": "applied", "why": ""})
     return report

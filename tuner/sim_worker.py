@@ -2,7 +2,8 @@
 
 It is :func:`tuner.api.tune` (the same run bookkeeping, leases and scheduling as ``kiln tune``) with a
 :class:`~tuner.measure.sim.SimulatedRunner` instead of building and timing kernels: every config has a
-fixed latency (derived from its canonical JSON) and each candidate keeps the worker busy ``--seconds``.
+fixed latency (derived from its canonical JSON) and each candidate keeps the worker busy ``--seconds``; a
+fusion plan's whole model costs the sum of its kernels' fixed latencies (:class:`KernelCostTimer`).
 The tests of several workers and ``scripts/bench_distributed.py`` start it as separate processes. It
 prints the summary as one JSON line.
 """
@@ -19,6 +20,7 @@ from compiler.frontend import load_model
 from tuner.api import tune
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
+from tuner.plan_whole import KernelCostTimer
 from tuner.scheduler import Budget
 from tuner.space import config_json
 
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         sampler=args.sampler,
         measurer=measurer,
         time_model=False,
+        # a fusion plan's whole model costs its kernels' simulated latencies (compiled, never timed)
+        whole_timer=KernelCostTimer(lambda kernel: fixed_latency(None, kernel.config)),
     )
     print(json.dumps({"run_id": summary.run_id, "measured": summary.measured, "stored": summary.stored}))
     return 0

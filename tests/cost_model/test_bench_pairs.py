@@ -1,4 +1,4 @@
-"""scripts/bench_cost_model.py's ``collect --pairs``: pool configs plus their one-knob variants."""
+"""scripts/bench_cost_model.py: `collect --pairs` (pool configs and one-knob variants), held-out sets."""
 
 import importlib.util
 import sys
@@ -43,3 +43,19 @@ def test_pairs_of_an_unknown_knob_name_the_knob(bench):
     task = bench.get_task("synth:matmul_768", target)
     with pytest.raises(SystemExit, match="pack_c"):
         bench.with_knob_pairs(task, bench.uniform_pool(task, 2, seed=0), "pack_c")
+
+
+def test_second_held_out_set_is_new_and_stays_out_of_development(bench):
+    """HELDOUT2's workloads build, are in no table, pool or cold set of the script, and every held-out set
+    is excluded from development (heldout_keys: devcv, the warm starts and heldout's training sets)."""
+    target = bench.bench_target(1)
+    held2 = {bench.get_task(s, target).workload_key for s in bench.HELDOUT2.split(",")}
+    assert len(held2) == len(bench.HELDOUT2.split(","))
+    sets = ("BENCH", "DEV", "HELDOUT", "COLD_FIRST", "COLD_CANDIDATES", "COLD_EXTENSION", "MK_CANDIDATES")
+    others = ",".join(getattr(bench, name) for name in (*sets, "MK_DEV", "DEV_CANDIDATES"))
+    used = {
+        bench.get_task(s.removesuffix("@cold").removesuffix("@mk"), target).workload_key
+        for s in others.split(",")
+    }
+    assert not held2 & used
+    assert held2 <= bench.heldout_keys(target)

@@ -366,7 +366,7 @@ def test_transfer_to_an_unseen_workload_is_weighted_by_same_kind_workloads(tmp_p
 
 
 def test_tree_sizes_default_by_target():
-    assert GBDTModel().params["max_iter"] == 40 and GBDTModel().params["max_leaf_nodes"] == 10
+    assert GBDTModel().params["max_iter"] == 40 and GBDTModel().params["max_leaf_nodes"] == 7
     residual = GBDTModel(target="residual")
     assert residual.params["max_iter"] == 150 and residual.params["max_leaf_nodes"] == 15
     assert GBDTModel(max_iter=7, max_leaf_nodes=3).params == {

@@ -412,6 +412,14 @@ def test_fusion_plans(db: TuningDatabase) -> None:
     assert [p.latency_us for p in db.fusion_plans("region")] == [1.0, 6.0, 8.0, 12.0]
     with pytest.raises(InvalidRecordError, match="rules' plan latency"):
         db.commit_fusion_plan("region", CPU, {}, 6.0, rule_latency_us=-1.0)
+    assert best.whole_us is None and best.rule_whole_us is None  # not timed on the whole model
+    db.commit_fusion_plan(
+        "region", CPU, {"e0_2": False}, 5.0, rule_latency_us=9.5, whole_us=40, rule_whole_us=50
+    )
+    best = db.best_fusion_plan("region", CPU)
+    assert (best.whole_us, best.rule_whole_us) == (40.0, 50.0)
+    with pytest.raises(InvalidRecordError, match="whole-model latency"):
+        db.commit_fusion_plan("region", CPU, {}, 6.0, whole_us=float("inf"))
 
 
 def test_features_round_trip_as_float32_bytes(db: TuningDatabase) -> None:

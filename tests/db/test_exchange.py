@@ -28,7 +28,9 @@ def _populate(db: TuningDatabase) -> list[str]:
     db.finish_run(run)
     db.register_model_tasks("mlp", "h1", [(keys[0], 2), (keys[1], 1)])
     db.commit_fusion_plan("r0", CPU, {"edges": [[0, 1]]}, 7.5)
-    db.commit_fusion_plan("r1", CPU, {"e0_2": False}, 5.0, rule_latency_us=6.5)
+    db.commit_fusion_plan(
+        "r1", CPU, {"e0_2": False}, 5.0, rule_latency_us=6.5, whole_us=30.0, rule_whole_us=33.0
+    )
     return keys
 
 
@@ -64,6 +66,9 @@ def test_export_import_round_trip(db: TuningDatabase, tmp_path: Path) -> None:
         assert copy.best_fusion_plan("r0", CPU).plan == {"edges": [[0, 1]]}
         assert copy.best_fusion_plan("r0", CPU).rule_latency_us is None
         assert copy.best_fusion_plan("r1", CPU).rule_latency_us == 6.5
+        assert copy.best_fusion_plan("r1", CPU).whole_us == 30.0
+        assert copy.best_fusion_plan("r1", CPU).rule_whole_us == 33.0
+        assert copy.best_fusion_plan("r0", CPU).whole_us is None
         assert copy.workload_canonical(keys[2]) == db.workload_canonical(keys[2])
         again = tmp_path / "again.jsonl"
         copy.export_jsonl(again)

@@ -24,7 +24,7 @@ from tests.db.helpers import CPU, add_basics, rec
 
 ROOT = Path(__file__).resolve().parents[2]
 V1_FILE = Path(__file__).resolve().parent / "data" / "kiln_v0001.sqlite"
-HEAD = "0006_plans"  # the head migration (kiln_fusion_plans.rule_latency_us)
+HEAD = "0007_plan_whole"  # the head migration (kiln_fusion_plans.whole_us, rule_whole_us)
 KILN_TABLES = {
     "kiln_workloads",
     "kiln_targets",
@@ -54,7 +54,8 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_chain_and_version_table() -> None:
-    assert migrate.known_revisions() == ("0001", "0002", "0003_confirmed", "0004_bench", "0005_leases", HEAD)
+    known = ("0001", "0002", "0003_confirmed", "0004_bench", "0005_leases", "0006_plans", HEAD)
+    assert migrate.known_revisions() == known
     assert migrate.head_revision() == HEAD
     assert migrate.VERSION_TABLE == "kiln_alembic_version"
 

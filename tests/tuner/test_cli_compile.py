@@ -37,8 +37,4 @@ def test_show_stages():
     loopir = kiln("show", "--model", "softmax", "--stage", "loopir")
     assert loopir.returncode == 0 and "rfactor" in loopir.stdout and "vectorized for" in loopir.stdout
     code = kiln("show", "--model", "mlp", "--stage", "code")
-    assert (
-        code.returncode == 0
-        and "kiln_parallel_for(" in code.stdout
-        and "void g0_matmul(" in code.stdout
-    )
+    assert code.returncode == 0 and "kiln_parallel_for(" in code.stdout and "void g0_matmul(" in code.stdout

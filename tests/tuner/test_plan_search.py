@@ -1,7 +1,9 @@
 """Fusion plans searched per region (tuner/plan_search.py): the search finds a plan that beats the rules on a
 simulated landscape, on the CPU and the CUDA target alike; the best plan is stored with the rules' latency;
 compile applies it only when it beats the rules and reports and skips a stale one. Measurements are
-simulated (tuner.measure.sim): no timing is involved."""
+simulated (tuner.measure.sim), and so is the whole-model timing on the CPU (``whole()``: a compiled model
+costs the landscape's sum over its kernels, so the whole model agrees with the sum of kernels here;
+tests/tuner/test_plan_whole.py covers where they disagree): no timing is involved."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tuner.api import tune
 from tuner.measure import Measurer
 from tuner.measure.sim import SimulatedBuilder, SimulatedRunner
 from tuner.plan_search import database_plan, target_regions
+from tuner.plan_whole import KernelCostTimer
 
 CUDA = Target.cuda()
 
@@ -33,11 +36,19 @@ def small_mlp():
 def group_cost(task, config) -> float:
     """A landscape where a GEMM with a relu in its epilogue is slow: 100 per contraction, 1 per other op,
     5 per kernel, 200 more for matmul + relu in one kernel."""
-    ops = [n.op for n in task.group.nodes]
+    return ops_cost([n.op for n in task.group.nodes])
+
+
+def ops_cost(ops: list[str]) -> float:
     cost = 5.0 + sum(100.0 if op in ("matmul", "conv2d", "batch_matmul") else 1.0 for op in ops)
     if "relu" in ops and "matmul" in ops:
         cost += 200.0
     return cost
+
+
+def whole() -> KernelCostTimer:
+    """The whole-model timing of the same landscape: a compiled model costs the sum of its kernels'."""
+    return KernelCostTimer(lambda kernel: ops_cost(kernel.extra["ops"]))
 
 
 def simulated() -> Measurer:
@@ -52,7 +63,9 @@ def url(tmp_path) -> str:
 @pytest.mark.parametrize("target", [Target.host(), CUDA], ids=["cpu", "cuda"])
 def test_search_finds_and_stores_a_plan_that_beats_the_rules(url, target):
     graph = small_mlp()
-    summary = tune(graph, target, url, 96, measurer=simulated(), time_model=False, fusion="search")
+    summary = tune(
+        graph, target, url, 96, measurer=simulated(), time_model=False, fusion="search", whole_timer=whole()
+    )
     first, second = summary.plans
     assert first.rule_latency_us == pytest.approx(5 + 100 + 3 + 200)  # matmul, broadcast, add, relu
     assert first.latency_us < 120 and first.flipped and set(first.flipped) <= {"e0_2", "e2_3"}
@@ -77,7 +90,9 @@ def test_groups_of_a_searched_plan_are_confirmed_like_the_schedule_tasks(url):
         return group_cost(task, config) * (1.0 if config == task.default() else 0.8)
 
     measurer = Measurer(SimulatedBuilder(), SimulatedRunner(cost))
-    summary = tune(graph, target, url, 96, measurer=measurer, time_model=False, fusion="search")
+    summary = tune(
+        graph, target, url, 96, measurer=measurer, time_model=False, fusion="search", whole_timer=whole()
+    )
     assert summary.plans[0].flipped
     schedule_tasks = {r.task.workload_key for r in summary.tasks}
     with TuningDatabase.open(url) as db:
@@ -112,13 +127,14 @@ def test_compile_applies_a_better_plan_and_skips_stale_or_slower_ones(url, caplo
     r0, r1 = target_regions(optimize(graph), target)
     with TuningDatabase.open(url) as db:
         db.commit_target(target.key, target.to_json())
-        db.commit_fusion_plan(r0.key, target.key, {"e0_2": True, "e2_3": False}, 10.0, rule_latency_us=20.0)
+        faster = {"rule_latency_us": 20.0, "whole_us": 40.0, "rule_whole_us": 50.0}
+        db.commit_fusion_plan(r0.key, target.key, {"e0_2": True, "e2_3": False}, 10.0, **faster)
         db.commit_fusion_plan(r1.key, target.key, {"e0_2": False}, 30.0, rule_latency_us=20.0)  # slower
         model = _compile_checked(graph, db)
         status = {line["region"]: line["status"] for line in model.meta["fusion_plans"]}
         assert status == {0: "applied", 1: "rules"} and len(model.kernels) == 3
         # a plan naming an edge the region no longer has (the rules changed, or a hand-edited database)
-        db.commit_fusion_plan(r0.key, target.key, {"e0_2": True, "e7_9": False}, 5.0, rule_latency_us=20.0)
+        db.commit_fusion_plan(r0.key, target.key, {"e0_2": True, "e7_9": False}, 5.0, **faster)
         model = _compile_checked(graph, db)
     (stale,) = [line for line in model.meta["fusion_plans"] if line["status"] == "stale"]
     assert stale["region"] == 0 and "e7_9" in stale["why"]
@@ -128,7 +144,9 @@ def test_compile_applies_a_better_plan_and_skips_stale_or_slower_ones(url, caplo
 
 def test_plans_on_the_command_line(url):
     target = Target.host()
-    summary = tune("mlp", target, url, 96, measurer=simulated(), time_model=False, fusion="search")
+    summary = tune(
+        "mlp", target, url, 96, measurer=simulated(), time_model=False, fusion="search", whole_timer=whole()
+    )
     assert summary.plans[0].flipped
     out = kiln("query", "plans", "--model", "mlp", "--target", "cpu", "--db", url)
     assert out.returncode == 0, out.stderr
@@ -147,7 +165,9 @@ def test_search_merges_qkv_when_it_wins_and_compile_applies_it(url):
     model runs one projection GEMM over the concatenated weights and computes the reference."""
     graph = MODELS["attention"].build(seq=4, d=8, heads=2)
     target = Target.host()
-    summary = tune(graph, target, url, 160, measurer=simulated(), time_model=False, fusion="search")
+    summary = tune(
+        graph, target, url, 160, measurer=simulated(), time_model=False, fusion="search", whole_timer=whole()
+    )
     (found,) = summary.plans
     assert "h0_5_20" in found.flipped and found.latency_us < found.rule_latency_us
     with TuningDatabase.open(url) as db:
@@ -169,19 +189,27 @@ def small_m_projection():
     return b.build([b.gelu(b.add(y, b.param("bias", rng.standard_normal(16).astype(np.float32))))])
 
 
-def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url):
+def test_cuda_search_flips_split_k_off_when_it_loses_and_compile_applies_it(url, caplog):
     """On CUDA the rules split a small-M GEMM (partials + a reduction); where an extra kernel only costs,
     the search stores the plan that keeps the GEMM whole, and the compile side (database_plan, plan_model)
-    applies it; the CPU target never sees the edge."""
+    applies it; the CPU target never sees the edge. The whole model is not timed on CUDA: the sum of
+    kernels decides, and the log says so."""
+    import logging
+
     from compiler.build import plan_model
 
+    caplog.set_level(logging.INFO, "kiln.plans")
+
     graph = small_m_projection()
-    summary = tune(graph, CUDA, url, 64, measurer=simulated(), time_model=False, fusion="search")
+    summary = tune(
+        graph, CUDA, url, 64, measurer=simulated(), time_model=False, fusion="search", whole_timer=whole()
+    )
     (found,) = summary.plans
     (split,) = [e for e in found.region.edges if e.rule == "split_k"]
     local = found.region.local_ids[split.id]
     assert found.flipped == [local] and found.plan[local] is False
-    assert found.latency_us < found.rule_latency_us
+    assert found.latency_us < found.rule_latency_us and found.whole_us is None
+    assert "the whole model is not timed on cuda" in caplog.text
     with TuningDatabase.open(url) as db:
         report = database_plan(db, optimize(graph), CUDA)
         assert report.plan[split.id] is False and report.lines[0]["flipped"] == [local]
@@ -257,7 +285,16 @@ def test_a_plan_that_lost_by_a_little_is_confirmed_and_kept(url, extra):
     far above (more than CONFIRM_WITHIN) it is not re-measured and the rules stay."""
     graph = MODELS["attention"].build(seq=4, d=8, heads=2)
     measurer, seen = _busy_merged_gemm(extra)
-    summary = tune(graph, Target.host(), url, 120, measurer=measurer, time_model=False, fusion="search")
+    summary = tune(
+        graph,
+        Target.host(),
+        url,
+        120,
+        measurer=measurer,
+        time_model=False,
+        fusion="search",
+        whole_timer=whole(),
+    )
     (found,) = summary.plans
     if extra < 300:
         assert found.flipped == ["h0_5_20"] and found.latency_us < found.rule_latency_us
@@ -281,7 +318,16 @@ def test_a_plan_within_min_gain_of_the_rules_is_not_applied(url):
 
     graph = small_mlp()
     measurer = Measurer(SimulatedBuilder(), SimulatedRunner(cost))
-    plans = tune(graph, Target.host(), url, 96, measurer=measurer, time_model=False, fusion="search").plans
+    plans = tune(
+        graph,
+        Target.host(),
+        url,
+        96,
+        measurer=measurer,
+        time_model=False,
+        fusion="search",
+        whole_timer=whole(),
+    ).plans
     assert all(p.flipped == [] and p.latency_us == p.rule_latency_us for p in plans)
 
 
@@ -307,7 +353,16 @@ def test_confirmation_scores_a_group_by_its_default_when_the_default_was_measure
 
     graph = MODELS["attention"].build(seq=4, d=8, heads=2)
     measurer = Measurer(SimulatedBuilder(), SimulatedRunner(cost))
-    summary = tune(graph, Target.host(), url, 160, measurer=measurer, time_model=False, fusion="search")
+    summary = tune(
+        graph,
+        Target.host(),
+        url,
+        160,
+        measurer=measurer,
+        time_model=False,
+        fusion="search",
+        whole_timer=whole(),
+    )
     (found,) = summary.plans
     assert found.rule_latency_us == pytest.approx(659.0 + 300.0)
     assert found.flipped == ["h0_5_20"] and found.latency_us == pytest.approx(448.0 + 300.0)

@@ -117,7 +117,16 @@ def run_compile(args: argparse.Namespace) -> int:
     print(f"compiled {graph.name} for {model.target.key}: {len(model.kernels)} kernels -> {args.output}")
     for line in model.meta.get("fusion_plans", []):
         if line["status"] == "applied":
-            print(f"fusion plan of region {line['region']} applied: {', '.join(line['flipped'])} flipped")
+            whole = ""
+            if line.get("whole_us") is not None and line.get("rule_whole_us") is not None:
+                whole = (
+                    f" (whole model {line['whole_us']:,.1f} us, rules' plan {line['rule_whole_us']:,.1f} us)"
+                )
+            print(
+                f"fusion plan of region {line['region']} applied: {', '.join(line['flipped'])} flipped{whole}"
+            )
+        elif line["status"] == "rules" and line["flipped"]:
+            print(f"fusion plan of region {line['region']} not applied: {line['why']}")
         elif line["status"] == "stale":
             print(f"fusion plan of region {line['region']} skipped (stale): {line['why']}")
     if db is not None:

@@ -86,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = qsub.add_parser(
         "plans",
         parents=[formatted],
-        help="the stored fusion plan of each region of a model on a target: edges flipped, latency vs rules",
+        help="the stored fusion plan of each region of a model on a target: edges flipped, latency vs rules "
+        "(sums of kernels; whole model: the compiled model timed under each, on the CPU)",
     )
     p.add_argument("--model", metavar="NAME", required=True, help="a built-in model name or an ONNX file")
     p.add_argument("--target", metavar="T", required=True, help="target key or unique prefix (cpu, cuda)")
@@ -371,6 +372,8 @@ def _query_plans(args: argparse.Namespace) -> int:
                 "latency_us": latency,
                 "rules_us": rule,
                 "speedup": rule / latency if latency and rule else None,
+                "whole_us": line.get("whole_us") if line else None,
+                "rules_whole_us": line.get("rule_whole_us") if line else None,
                 "status": line["status"] if line else "not searched",
                 "why": line["why"] if line else None,
             }
@@ -383,6 +386,8 @@ def _query_plans(args: argparse.Namespace) -> int:
         "latency_us",
         "rules_us",
         "speedup",
+        "whole_us",
+        "rules_whole_us",
         "status",
         "why",
     ]

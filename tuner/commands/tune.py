@@ -67,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cost-model",
         choices=("gbdt", "analytic", "none"),
         default="none",
-        help="rank asked candidates with a cost model and measure only the best (plus a few random)",
+        help="rank asked candidates with a cost model and measure only the best (plus a few random); none: "
+        "TPE alone (default: %(default)s; benchmarks/default_cost_model.md compares none and gbdt)",
     )
     p.add_argument(
         "--fusion",
@@ -152,8 +153,15 @@ def run_tune(args: argparse.Namespace) -> int:
         flipped = ", ".join(p.region.describe_edge(e) for e in p.flipped) or "the rules' plan"
         print(
             f"fusion region {p.region.index} [{p.region.key[:12]}]: {p.plans_measured} plans measured; "
-            f"best {flipped}: {p.latency_us:,.1f} us vs rules {p.rule_latency_us:,.1f} us"
+            f"best {flipped}: {p.latency_us:,.1f} us vs rules {p.rule_latency_us:,.1f} us (sums of kernels)"
+            + (
+                f"; whole model {p.whole_us:,.1f} us vs rules {p.rule_whole_us:,.1f} us"
+                if p.whole_us is not None and p.rule_whole_us is not None
+                else ""
+            )
         )
+        if p.why:
+            print(f"  rules' plan kept: {p.why}")
     if plotted:
         print(f"tuning curves written to {plotted}")
     if summary.interrupted:
