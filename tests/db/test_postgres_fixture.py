@@ -22,7 +22,10 @@ postgres_server = postgres.postgres_server
 
 def test_hold(postgres_server):
     base = Path(postgres_server.executor.datadir).parent
-    Path(os.environ["KILN_PG_INFO"]).write_text(f"{postgres_server.port} {base}")
+    info = Path(os.environ["KILN_PG_INFO"])
+    tmp = info.with_name(info.name + ".tmp")
+    tmp.write_text(f"{postgres_server.port} {base}")
+    os.replace(tmp, info)  # whole or absent: the waiting test reads it as soon as it exists
     time.sleep(120)
 """
 
