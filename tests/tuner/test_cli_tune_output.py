@@ -187,3 +187,28 @@ def test_compile_and_run_format_json(tmp_path) -> None:
     ran = json.loads(r.stdout)
     assert ran["model"] == "softmax" and ran["repeats"] == 3 and ran["min_us"] <= ran["median_us"]
     assert ran["check"]["ok"] is True and ran["outputs"][0]["shape"]
+
+
+def test_kiln_tune_ranks_with_the_gbdt_by_default_and_none_is_the_sampler_alone(
+    url: str, monkeypatch
+) -> None:
+    """`kiln tune`'s default cost model is the GBDT (benchmarks/default_cost_model.md); `--cost-model none`
+    still tunes with the sampler alone; the library's tune() keeps none (`kiln bench --tune` uses it)."""
+    import inspect
+
+    import tuner.api
+
+    seen: list[str] = []
+
+    def fake_tune(*args, **kwargs):
+        seen.append(kwargs["cost_model"])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(tuner.api, "tune", fake_tune)
+    assert kiln("tune", "--model", "softmax", "--db", url, "--trials", "8").returncode == 0
+    assert (
+        kiln("tune", "--model", "softmax", "--db", url, "--trials", "8", "--cost-model", "none").returncode
+        == 0
+    )
+    assert seen == ["gbdt", "none"]
+    assert inspect.signature(tune).parameters["cost_model"].default == "none"
