@@ -52,7 +52,12 @@ COMPOSITES = {
 @given(shape=shapes, seed=st.integers(0, 2**16), axis_pick=st.integers(0, 3))
 def test_decomposition_equals_composite(name, shape, seed, axis_pick):
     axis = axis_pick % len(shape)
-    _compare(lambda b, x, r: COMPOSITES[name](b, x, r, axis), shape, seed)
+    # a norm over a short axis whose values nearly agree divides by a variance near eps: ill-conditioned in
+    # float32, where the composite and its decomposition round the mean and variance differently (CI found
+    # layer_norm over 2 values off by 5.5e-6 on an output of 0.145); elsewhere the tight default
+    loose = name in ("layer_norm", "rms_norm")
+    tol = {"rtol": 1e-4, "atol": 1e-5} if loose else {}
+    _compare(lambda b, x, r: COMPOSITES[name](b, x, r, axis), shape, seed, **tol)
 
 
 @settings(max_examples=25, deadline=None)
