@@ -537,9 +537,9 @@ def tune(
                     interrupted = True
             if searches and not interrupted:
                 # a plan that wins the sum of kernels replaces the rules' only if the whole model is faster
-                configs = database_config_source(database)
+                configs, timer = database_config_source(database), whole_timer or InterleavedWholeTimer()
                 for search in searches:
-                    search.check_whole(configs, whole_timer or InterleavedWholeTimer())
+                    search.check_whole(configs, timer)
             for search in searches:
                 found = search.outcome()
                 if found is not None:

@@ -535,9 +535,7 @@ class PlanSearch:
         from tuner.plan_whole import time_plans
 
         rule, others = self._scored()
-        if rule is None:
-            return
-        better = sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
+        better = [] if rule is None else _beating(rule, others)
         if not better:
             return
         if self.target.kind != "cpu":
@@ -566,7 +564,7 @@ class PlanSearch:
             return None
         n = 1 + len(others)
         rules_result = self.results[plan_json(self.rule)]
-        better = sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
+        better = _beating(rule, others)
         if not better:
             return self._outcome(rules_result, rule, rule, n)
         if self.target.kind != "cpu":
@@ -611,6 +609,11 @@ class PlanSearch:
         return PlanOutcome(
             self.region, dict(result.plan), latency, rule, n, workloads, whole_us, rule_whole_us, why
         )
+
+
+def _beating(rule: float, others: list[tuple[float, PlanResult]]) -> list[tuple[float, PlanResult]]:
+    """The (score, plan) of ``others`` that beat the rules' score ``rule`` by ``MIN_GAIN``, best first."""
+    return sorted((lr for lr in others if lr[0] < rule * (1 - MIN_GAIN)), key=lambda lr: lr[0])
 
 
 @dataclass(frozen=True)

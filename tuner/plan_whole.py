@@ -96,20 +96,6 @@ class WholeTiming:
     problem: str | None = None
 
 
-def _relative_error(outs: list[Any], refs: list[Any]) -> float:
-    import numpy as np
-
-    worst = 0.0
-    for o, r in zip(outs, refs):
-        r64 = np.asarray(r, np.float64)
-        o64 = np.asarray(o, np.float64)
-        if o64.shape != r64.shape:
-            return float("inf")
-        err = float(np.abs(o64 - r64).max(initial=0.0)) / max(1.0, float(np.abs(r64).max(initial=0.0)))
-        worst = max(worst, err if err == err else float("inf"))  # NaN: a mismatch
-    return worst
-
-
 def time_plans(
     graph: Graph,
     target: Target,
@@ -123,8 +109,11 @@ def time_plans(
     :data:`~compiler.build.ConfigSource`, what compile applies), check each model's outputs against the
     numpy reference, and time them with ``timer``. A build that fails or an output that differs is
     ``problem`` (nothing timed): the caller keeps the rules' plan."""
+    import numpy as np
+
     from compiler.build import compile as build_model
     from compiler.reference import random_inputs, run_reference
+    from tuner.bench.runner import rel_err
 
     models = {}
     for name, plan in plans.items():
@@ -136,7 +125,7 @@ def time_plans(
     try:
         refs = run_reference(graph, inputs)
         for name, model in models.items():
-            err = _relative_error(model.run(inputs), refs)
+            err = rel_err(model.run(inputs), refs, np.asarray)
             if not err <= OUTPUT_TOLERANCE:
                 why = f"the model under {name} differs from the numpy reference (relative error {err:.2e})"
                 return WholeTiming(problem=why)

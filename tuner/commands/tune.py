@@ -15,10 +15,9 @@ from tuner.commands.common import add_model_arg, load_model_arg, positive_int, p
 from tuner.progress import COLUMNS, task_rows
 from tuner.scheduler import Budget
 
-# `kiln tune`'s cost model: the GBDT (stop 28, by the rule of scripts/bench_default_cost_model.py fixed
-# before measuring: tuned latency gbdt/none 0.994 geometric mean over six zoo models at 48 trials per task,
-# worst 1.004, tuning time 1.02; benchmarks/default_cost_model.md). The library's tuner.api.tune keeps
-# "none" (the sampler alone), which `kiln bench --tune` and the benchmark scripts use.
+# `kiln tune`'s cost model: the GBDT, by the rule of scripts/bench_default_cost_model.py fixed before
+# measuring (benchmarks/default_cost_model.md). The library's tuner.api.tune keeps "none" (the sampler
+# alone), which `kiln bench --tune` and the benchmark scripts use.
 DEFAULT_COST_MODEL = "gbdt"
 
 if TYPE_CHECKING:
