@@ -7,6 +7,12 @@ strided), bytes and cache lines touched, the traffic into L1, L2 and L3 found by
 the outermost loop level whose footprint fits in it, reuse distance and count, and a cycle estimate split
 into compute, dependency latency, load/store issue and memory parts. Everything is a float; quantities
 that span orders of magnitude are ``log2(1 + x)``.
+
+Non-temporal (streaming) stores are described (``stream``) but not priced: whether writing around the
+cache pays depends on whether the data would have stayed cached until its next use, which the model cannot
+see (the timing loop's warm caches, a shared last-level cache); measured on one Zen 5 host, 1 thread,
+streaming the output of a light pointwise group ran 0.62-1.36x the time of the cached store depending on
+the group's size and arithmetic. The learned model finds the rule from measurements.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ STORE_FIELDS = (
     "log_mem_instr",  # load/store instructions issued (register reuse and SIMD width applied)
     "writes_register",
     "writes_param",
+    "stream",  # fraction of the store's executions written non-temporally (the sketch's ``store`` knob)
     "log_cyc_compute",
     "log_cyc_latency",
     "log_cyc_ldst",
@@ -232,9 +239,11 @@ def _same_location(a: Access, b: Access) -> bool:
     return a.buffer is b.buffer and a.coeffs == b.coeffs and not a.nonlinear and not b.nonlinear
 
 
-def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
+def store_row(s: StoreInfo, m: Machine, streamed: float = 0.0) -> tuple[list[float], dict[str, float]]:
     """The feature row of one store and its raw cycle estimates (``cycles`` is what the analytic model
-    adds up; ``traffic_*`` in bytes)."""
+    adds up; ``traffic_*`` in bytes). ``streamed``: the fraction of the stored buffer's elements whose
+    full-vector stores the kernel writes non-temporally (codegen's ``STREAM_STORES`` / ``STREAM_FROM``);
+    only a contiguous vector store of float32 streams."""
     loops = s.loops
     trip = s.trip
     kinds = {lp.var.uid: (lp.kind, lp.extent) for lp in loops}
@@ -255,6 +264,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
     guard_on_inner = float(iu in s.guard_vars)
     gathers = strided if vec_lanes > 1 else 0
     fallback = float(vec_lanes > 1 and store_stride != 1)
+    stream = streamed if vec_lanes > 1 and not fallback and w.buffer.dtype == "float32" else 0.0
     autovec = float(
         not m.gpu
         and inner is not None
@@ -437,6 +447,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         lg(mem_instr),
         float(regs[0]),
         float(w.buffer.scope == "global"),
+        stream,
         lg(compute),
         lg(latency),
         lg(ldst),
@@ -465,6 +476,8 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         "ops": flop_work,
         "flops": trip * s.flops,
         "bytes": nbytes,
+        "stored_bytes": float(trip * w.itemsize) if w.buffer.scope == "global" else 0.0,
+        "streamed_bytes": stream * trip * w.itemsize,
         "mem_instr": mem_instr,
         "vec_eff": vec_eff,
         "speedup": speedup,

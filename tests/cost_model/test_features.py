@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compiler.backends.cpu.sketches.reduction import cached_rows
 from compiler.builder import GraphBuilder
 from compiler.target import Target
 from cost_model.features import (
@@ -153,3 +154,33 @@ def test_tlb_misses_of_a_b_panel_read_in_place():
     assert f(task, in_place, "est_log_cycles") > f(task, packed, "est_log_cycles")
     small = _matmul(m=32, k=16, n=64)  # all of it in a few pages: no misses
     assert f(small, small.default(), "s0_log_tlb_misses") == 0.0
+
+
+def test_streaming_stores_are_described_but_not_priced():
+    """The ``store`` knob (non-temporal stores) used to leave the vector unchanged, so no model could tell
+    a streamed candidate from its cached twin; the analytic estimate still does not price it."""
+    task = _pointwise()
+    cached = dict(task.default(), vector=16, store="cached")
+    stream = dict(cached, store="stream")
+    fx = FeatureExtractor()
+    assert f(task, stream, "s0_stream") == 1.0 and f(task, cached, "s0_stream") == 0.0
+    assert f(task, stream, "fn_stream_frac") == 1.0 and f(task, cached, "fn_stream_frac") == 0.0
+    assert fx.for_task(task, stream)[EST_INDEX] == fx.for_task(task, cached)[EST_INDEX]
+    # only full-vector float32 stores stream (codegen): a scalar loop's stores do not
+    assert f(task, dict(stream, vector=1), "s0_stream") == 0.0
+
+
+def test_split_store_streams_the_rows_past_the_cached_ones():
+    task = _softmax(rows=4096, cols=1024)  # 16 MiB in: 8 MiB of the output fits in 3/4 of a 32 MiB L3
+    rows = cached_rows(task.group, task.target)
+    assert 0 < rows < 4096
+    split = dict(task.default(), store="split")
+    streamed = 1.0 - rows / 4096
+    assert f(task, split, "fn_stream_frac") == pytest.approx(streamed)
+    assert max(f(task, split, f"s{k}_stream") for k in range(3)) == pytest.approx(streamed)
+    assert f(task, dict(split, store="stream"), "fn_stream_frac") == 1.0
+
+
+def test_workload_size_against_the_last_level_cache():
+    small, large = _softmax(rows=64), _softmax(rows=8192, cols=1024)
+    assert f(small, small.default(), "wl_log_llc") < 0 < f(large, large.default(), "wl_log_llc")
