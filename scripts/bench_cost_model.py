@@ -739,7 +739,7 @@ def search_code() -> str:
     import inspect
 
     parts = [run_one, warm_records, families, twin_family, heldout_keys, get_task, BenchTask, ReplayMeasurer]
-    parts += [CachedMeasurer, synthetic, bench_target]
+    parts += [CachedMeasurer, synthetic, random_workload, bench_target]
     extra = [inspect.getsource(p) for p in parts] + [FREE_KNOBS, HELDOUT, sorted(LAYOUT_ARITH), FILTERS]
     return code_hash(SEARCH_CODE, extra)
 
