@@ -8,10 +8,10 @@ what the features want and 3-5x faster than full lowering). :func:`extract` turn
 - ``wl_*`` (13) workload summary: log flops and bytes, intensity, kind one-hot, op and input counts, the
   group's characteristic extents (M/N/K of a contraction, rows and row length of a reduction), its bytes
   over the target's last-level cache.
-- ``fn_*`` (13) the function: stores, loops, depth, loop-overhead iterations, OpenMP region entries,
+- ``fn_*`` (14) the function: stores, loops, depth, loop-overhead iterations, OpenMP region entries,
   register/local, shared and global scratch bytes, barriers, vector stores, the fraction of stored bytes
-  written non-temporally (streaming stores, which the analytic estimate does not price: see
-  :mod:`cost_model.store_features`).
+  written non-temporally (streaming stores, see :mod:`cost_model.store_features`) and that fraction times
+  ``wl_log_llc`` (streaming a workload that fits the last-level cache, < 0, or overflows it, > 0).
 - ``gpu_*`` (14) launch shape: blocks, threads per block, shared bytes, registers per thread (reported by
   the build or estimated, with a flag saying which), occupancy from the target's per-SM limits and what
   bounds it, waves, lane and SM utilization, and over the global accesses the fractions that are coalesced
@@ -52,7 +52,7 @@ from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
 
-FEATURE_VERSION = 6
+FEATURE_VERSION = 7
 TOP_STORES = 3
 KINDS = ("pointwise", "reduction", "contraction")
 
@@ -85,6 +85,7 @@ FUNC_FIELDS = (
     "fn_log_barriers",
     "fn_vector_stores",
     "fn_stream_frac",  # fraction of the bytes stored to global buffers written non-temporally
+    "fn_stream_llc",  # fn_stream_frac x wl_log_llc: streaming a workload that fits the cache (< 0) or not
 )
 GPU_FIELDS = (
     "gpu_log_blocks",
@@ -195,6 +196,7 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
     local = sum(b.nbytes for b, _ in info.allocs if b.scope == "local")
     shared = sum(b.nbytes for b, _ in info.allocs if b.scope == "shared")
     scratch = [(b, n) for b, n in info.allocs if b.scope == "global"]
+    stream_frac = sum(r["streamed_bytes"] for r in raws) / max(1.0, sum(r["stored_bytes"] for r in raws))
     fn = [
         float(len(info.stores)),
         float(info.loops),
@@ -208,7 +210,8 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
         lg(sum(n for _, n in scratch)),
         lg(info.barriers),
         float(sum(1 for s in info.stores if s.loops and s.loops[-1].kind == "vectorized")),
-        sum(r["streamed_bytes"] for r in raws) / max(1.0, sum(r["stored_bytes"] for r in raws)),
+        stream_frac,
+        stream_frac * math.log2(max(1.0, group.bytes) / m.l3),
     ]
     gpu = _gpu_row(func, m, local, shared, raws, registers)
 

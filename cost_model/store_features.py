@@ -8,11 +8,13 @@ the outermost loop level whose footprint fits in it, reuse distance and count, a
 into compute, dependency latency, load/store issue and memory parts. Everything is a float; quantities
 that span orders of magnitude are ``log2(1 + x)``.
 
-Non-temporal (streaming) stores are described (``stream``) but not priced: whether writing around the
-cache pays depends on whether the data would have stayed cached until its next use, which the model cannot
-see (the timing loop's warm caches, a shared last-level cache); measured on one Zen 5 host, 1 thread,
+Non-temporal (streaming) stores (``stream``) are priced by cache residency: a streaming store never reads
+its lines (no read-for-ownership); where the nest's data would stay in the last-level cache between calls
+(at most half of it, the sketches' own rule for the default) its lines go to DRAM on every call instead,
+where it would not they also skip the read-for-ownership from DRAM. Measured on one Zen 5 host, 1 thread,
 streaming the output of a light pointwise group ran 0.62-1.36x the time of the cached store depending on
-the group's size and arithmetic. The learned model finds the rule from measurements.
+the group's size and arithmetic; where exactly the balance turns is the machine's (a last-level cache
+shared with other tenants), which the learned model corrects from measurements.
 """
 
 from __future__ import annotations
@@ -334,6 +336,15 @@ def store_row(s: StoreInfo, m: Machine, streamed: float = 0.0) -> tuple[list[flo
         return 64.0 * sum(lines_at[j][1]) * outer
 
     t1, t2, t3 = traffic(m.l1 * 0.5), traffic(m.l2 * 0.5), traffic(m.l3 * 0.8)
+    stream_bytes = stream * trip * w.itemsize  # bytes written non-temporally
+    if stream_bytes and not m.gpu:
+        # a streaming store never reads its lines (no read-for-ownership into L1 and L2), and its lines
+        # leave the cache: where the nest's data would stay in the last-level cache between calls (at most
+        # half of it, the sketches' rule for the default: compiler.backends.cpu.sketches.common.streams_pay)
+        # they go to DRAM on every call instead; where it would not, they skip its read-for-ownership too
+        t1, t2 = max(0.0, t1 - stream_bytes), max(0.0, t2 - stream_bytes)
+        stays = (lines_at[0][0] if lines_at else 0) <= m.l3 // 2
+        t3 = t3 + stream_bytes if stays else max(0.0, t3 - stream_bytes)
     # first-level TLB misses, placed like a cache: the pages of the outermost level that fits the TLB's
     # entries, counted over the loop just outside it. A B panel read in place from a wide matrix touches a
     # new page every row or two of K (a 768-column matrix: 3072-byte rows), so every step of the K loop
@@ -477,7 +488,7 @@ def store_row(s: StoreInfo, m: Machine, streamed: float = 0.0) -> tuple[list[flo
         "flops": trip * s.flops,
         "bytes": nbytes,
         "stored_bytes": float(trip * w.itemsize) if w.buffer.scope == "global" else 0.0,
-        "streamed_bytes": stream * trip * w.itemsize,
+        "streamed_bytes": stream_bytes,
         "mem_instr": mem_instr,
         "vec_eff": vec_eff,
         "speedup": speedup,

@@ -156,18 +156,32 @@ def test_tlb_misses_of_a_b_panel_read_in_place():
     assert f(small, small.default(), "s0_log_tlb_misses") == 0.0
 
 
-def test_streaming_stores_are_described_but_not_priced():
+def _add(rows: int, cols: int, target: Target = AVX512):
+    b = GraphBuilder("add")
+    (task,) = extract_tasks(b.build([b.add(b.input("x", (rows, cols)), b.input("y", (rows, cols)))]), target)
+    return task
+
+
+def test_streaming_stores_are_described_and_priced_by_cache_residency():
     """The ``store`` knob (non-temporal stores) used to leave the vector unchanged, so no model could tell
-    a streamed candidate from its cached twin; the analytic estimate still does not price it."""
-    task = _pointwise()
-    cached = dict(task.default(), vector=16, store="cached")
+    a streamed candidate from its cached twin. The estimate now charges a streamed output that would have
+    stayed in the last-level cache (DRAM on every call) and credits one that would not (no
+    read-for-ownership)."""
+    small = _pointwise()  # 1 MiB
+    cached = dict(small.default(), vector=16, store="cached")
     stream = dict(cached, store="stream")
     fx = FeatureExtractor()
-    assert f(task, stream, "s0_stream") == 1.0 and f(task, cached, "s0_stream") == 0.0
-    assert f(task, stream, "fn_stream_frac") == 1.0 and f(task, cached, "fn_stream_frac") == 0.0
-    assert fx.for_task(task, stream)[EST_INDEX] == fx.for_task(task, cached)[EST_INDEX]
+    assert f(small, stream, "s0_stream") == 1.0 and f(small, cached, "s0_stream") == 0.0
+    assert f(small, stream, "fn_stream_frac") == 1.0 and f(small, cached, "fn_stream_frac") == 0.0
+    assert f(small, stream, "fn_stream_llc") < 0 == f(small, cached, "fn_stream_llc")
+    assert fx.for_task(small, stream)[EST_INDEX] > fx.for_task(small, cached)[EST_INDEX]
     # only full-vector float32 stores stream (codegen): a scalar loop's stores do not
-    assert f(task, dict(stream, vector=1), "s0_stream") == 0.0
+    assert f(small, dict(stream, vector=1), "s0_stream") == 0.0
+    large = _add(4096, 4096)  # 192 MiB: overflows the cache whatever the store does
+    cached = dict(large.default(), vector=16, store="cached")
+    stream = dict(cached, store="stream")
+    assert f(large, stream, "fn_stream_llc") > 0
+    assert fx.for_task(large, stream)[EST_INDEX] < fx.for_task(large, cached)[EST_INDEX]
 
 
 def test_split_store_streams_the_rows_past_the_cached_ones():
