@@ -1274,10 +1274,17 @@ def devcv(args: argparse.Namespace) -> None:
     cache.close()
     wl = np.asarray(data.workloads)
     held = heldout_keys(target)
+    # the random cold set is an evaluation set: no choice is made on it (it stays in the training data of
+    # the other workloads' folds, like every measured workload that is not held out)
+    rand = {get_task(s, target).workload_key for s in RAND_CANDIDATES.split(",")}
     names = {}
     for spec in (BENCH + "," + DEV).split(","):
         names.setdefault(get_task(spec, target).workload_key, spec)
-    dev = [w for w in np.unique(wl) if w not in held and np.isfinite(data.latencies[wl == w]).sum() >= 16]
+    dev = [
+        w
+        for w in np.unique(wl)
+        if w not in held and w not in rand and np.isfinite(data.latencies[wl == w]).sum() >= 16
+    ]
     variants = [("analytic", "analytic", {})] + [
         (json.dumps(v, sort_keys=True) if v else "{} (default)", "gbdt", v) for v in DEV_VARIANTS
     ]
@@ -1285,8 +1292,8 @@ def devcv(args: argparse.Namespace) -> None:
     commit = git_commit()
     print(
         f"Development workloads ({len(dev)}: every workload of the cache with >= 16 successful records that "
-        "is not held out; named ones are benchmark or development workloads, the others the cold "
-        "benchmarks' tables): "
+        "is neither held out nor of the random cold set; named ones are benchmark or development workloads, "
+        "the others the cold benchmarks' tables): "
         + ", ".join(f"{names.get(w, w[:8])} ({data.kinds[w]})" for w in dev)
         + ". Each is ranked by a model trained on the other development workloads minus its twins; "
         "top-k = best latency / best latency among the k highest scores. weighted: TenSet's (by best "
