@@ -5,10 +5,13 @@ A candidate (group, config, target) is scheduled by its sketch and lowered *with
 what the features want and 3-5x faster than full lowering). :func:`extract` turns the function into
 ``N_FEATURES`` float32 values, named by :data:`FEATURE_NAMES`:
 
-- ``wl_*`` (12) workload summary: log flops and bytes, intensity, kind one-hot, op and input counts, the
-  group's characteristic extents (M/N/K of a contraction, rows and row length of a reduction).
-- ``fn_*`` (12) the function: stores, loops, depth, loop-overhead iterations, OpenMP region entries,
-  register/local, shared and global scratch bytes, barriers.
+- ``wl_*`` (13) workload summary: log flops and bytes, intensity, kind one-hot, op and input counts, the
+  group's characteristic extents (M/N/K of a contraction, rows and row length of a reduction), its bytes
+  over the target's last-level cache.
+- ``fn_*`` (14) the function: stores, loops, depth, loop-overhead iterations, OpenMP region entries,
+  register/local, shared and global scratch bytes, barriers, vector stores, the fraction of stored bytes
+  written non-temporally (streaming stores, see :mod:`cost_model.store_features`) and that fraction times
+  ``wl_log_llc`` (streaming a workload that fits the last-level cache, < 0, or overflows it, > 0).
 - ``gpu_*`` (14) launch shape: blocks, threads per block, shared bytes, registers per thread (reported by
   the build or estimated, with a flag saying which), occupancy from the target's per-SM limits and what
   bounds it, waves, lane and SM utilization, and over the global accesses the fractions that are coalesced
@@ -39,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from compiler.backends import get_backend, get_sketch, sketch_for
+from compiler.backends.cpu.codegen import STREAM_FROM, STREAM_STORES
 from compiler.backends.sketch import Config
 from compiler.canonical import canonical_json
 from compiler.errors import KilnError, ScheduleError
@@ -48,7 +52,7 @@ from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
 
-FEATURE_VERSION = 5
+FEATURE_VERSION = 7
 TOP_STORES = 3
 KINDS = ("pointwise", "reduction", "contraction")
 
@@ -65,6 +69,7 @@ WORKLOAD_FIELDS = (
     "wl_log_dim0",  # contraction: M; reduction: rows; pointwise: outer elements
     "wl_log_dim1",  # contraction: N; reduction: row length; pointwise: last extent
     "wl_log_dim2",  # contraction: K; reduction: number of reductions
+    "wl_log_llc",  # log2(workload bytes / the target's last-level cache): whether its data stays cached
 )
 FUNC_FIELDS = (
     "fn_stores",
@@ -79,6 +84,8 @@ FUNC_FIELDS = (
     "fn_log_scratch_allocs",
     "fn_log_barriers",
     "fn_vector_stores",
+    "fn_stream_frac",  # fraction of the bytes stored to global buffers written non-temporally
+    "fn_stream_llc",  # fn_stream_frac x wl_log_llc: streaming a workload that fits the cache (< 0) or not
 )
 GPU_FIELDS = (
     "gpu_log_blocks",
@@ -127,8 +134,8 @@ N_FEATURES = len(FEATURE_NAMES)
 EST_INDEX = FEATURE_NAMES.index("est_log_cycles")
 
 
-def workload_row(group: Group) -> list[float]:
-    """The ``wl_*`` features of a group."""
+def workload_row(group: Group, llc_bytes: int) -> list[float]:
+    """The ``wl_*`` features of a group on a target whose last-level cache holds ``llc_bytes``."""
     kind = group.kind
     dims = _characteristic_dims(group)
     flops, nbytes = max(1.0, group.flops), max(1.0, group.bytes)
@@ -143,6 +150,7 @@ def workload_row(group: Group) -> list[float]:
         float(sum(1 for n in group.nodes if n.op != "constant")),
         float(len(group.inputs)),
         *(lg(d) for d in dims),
+        math.log2(nbytes / max(1, llc_bytes)),
     ]
 
 
@@ -177,9 +185,10 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
     ``launch["registers"]``); without it the count is estimated from the thread's local buffers."""
     m = Machine.of(target)
     info = collect_stores(func)
+    streamed = streamed_fractions(func)
     rows, raws = [], []
     for s in info.stores:
-        r, raw = store_row(s, m)
+        r, raw = store_row(s, m, streamed.get(s.store.buffer.name, 0.0))
         rows.append(r)
         raws.append(raw)
     total_cycles = sum(r["cycles"] for r in raws)
@@ -187,6 +196,7 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
     local = sum(b.nbytes for b, _ in info.allocs if b.scope == "local")
     shared = sum(b.nbytes for b, _ in info.allocs if b.scope == "shared")
     scratch = [(b, n) for b, n in info.allocs if b.scope == "global"]
+    stream_frac = sum(r["streamed_bytes"] for r in raws) / max(1.0, sum(r["stored_bytes"] for r in raws))
     fn = [
         float(len(info.stores)),
         float(info.loops),
@@ -200,6 +210,8 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
         lg(sum(n for _, n in scratch)),
         lg(info.barriers),
         float(sum(1 for s in info.stores if s.loops and s.loops[-1].kind == "vectorized")),
+        stream_frac,
+        stream_frac * math.log2(max(1.0, group.bytes) / m.l3),
     ]
     gpu = _gpu_row(func, m, local, shared, raws, registers)
 
@@ -258,10 +270,23 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
         top += rows[k]
     top += [0.0] * (TOP_STORES * len(STORE_FIELDS) - len(top))
     vec = np.asarray(
-        [*workload_row(group), *fn, *gpu, *totals, *means, *ratios, *est_row, *top], dtype=np.float64
+        [*workload_row(group, m.l3), *fn, *gpu, *totals, *means, *ratios, *est_row, *top], dtype=np.float64
     )
     vec = np.nan_to_num(vec, nan=0.0, posinf=1e6, neginf=-1e6)
     return vec.astype(np.float32)
+
+
+def streamed_fractions(func: PrimFunc) -> dict[str, float]:
+    """Buffer name -> fraction of its elements whose vector stores are non-temporal: 1 for a buffer in
+    the function's ``STREAM_STORES``, the part from ``STREAM_FROM``'s first element on for a split one."""
+    names = func.attrs.get(STREAM_STORES) or ()
+    first = dict(func.attrs.get(STREAM_FROM, ()))
+    out = {}
+    for name in names:
+        numel = next((p.numel for p in func.params if p.name == name), 0)
+        start = first.get(name, 0)
+        out[name] = 1.0 - min(start, numel) / numel if numel and start else 1.0
+    return out
 
 
 def _gpu_row(

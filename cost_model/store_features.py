@@ -7,6 +7,14 @@ strided), bytes and cache lines touched, the traffic into L1, L2 and L3 found by
 the outermost loop level whose footprint fits in it, reuse distance and count, and a cycle estimate split
 into compute, dependency latency, load/store issue and memory parts. Everything is a float; quantities
 that span orders of magnitude are ``log2(1 + x)``.
+
+Non-temporal (streaming) stores (``stream``) are priced by cache residency: a streaming store never reads
+its lines (no read-for-ownership); where the nest's data would stay in the last-level cache between calls
+(at most half of it, the sketches' own rule for the default) its lines go to DRAM on every call instead,
+where it would not they also skip the read-for-ownership from DRAM. Measured on one Zen 5 host, 1 thread,
+streaming the output of a light pointwise group ran 0.62-1.36x the time of the cached store depending on
+the group's size and arithmetic; where exactly the balance turns is the machine's (a last-level cache
+shared with other tenants), which the learned model corrects from measurements.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ STORE_FIELDS = (
     "log_mem_instr",  # load/store instructions issued (register reuse and SIMD width applied)
     "writes_register",
     "writes_param",
+    "stream",  # fraction of the store's executions written non-temporally (the sketch's ``store`` knob)
     "log_cyc_compute",
     "log_cyc_latency",
     "log_cyc_ldst",
@@ -232,9 +241,11 @@ def _same_location(a: Access, b: Access) -> bool:
     return a.buffer is b.buffer and a.coeffs == b.coeffs and not a.nonlinear and not b.nonlinear
 
 
-def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
+def store_row(s: StoreInfo, m: Machine, streamed: float = 0.0) -> tuple[list[float], dict[str, float]]:
     """The feature row of one store and its raw cycle estimates (``cycles`` is what the analytic model
-    adds up; ``traffic_*`` in bytes)."""
+    adds up; ``traffic_*`` in bytes). ``streamed``: the fraction of the stored buffer's elements whose
+    full-vector stores the kernel writes non-temporally (codegen's ``STREAM_STORES`` / ``STREAM_FROM``);
+    only a contiguous vector store of float32 streams."""
     loops = s.loops
     trip = s.trip
     kinds = {lp.var.uid: (lp.kind, lp.extent) for lp in loops}
@@ -255,6 +266,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
     guard_on_inner = float(iu in s.guard_vars)
     gathers = strided if vec_lanes > 1 else 0
     fallback = float(vec_lanes > 1 and store_stride != 1)
+    stream = streamed if vec_lanes > 1 and not fallback and w.buffer.dtype == "float32" else 0.0
     autovec = float(
         not m.gpu
         and inner is not None
@@ -324,6 +336,15 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         return 64.0 * sum(lines_at[j][1]) * outer
 
     t1, t2, t3 = traffic(m.l1 * 0.5), traffic(m.l2 * 0.5), traffic(m.l3 * 0.8)
+    stream_bytes = stream * trip * w.itemsize  # bytes written non-temporally
+    if stream_bytes and not m.gpu:
+        # a streaming store never reads its lines (no read-for-ownership into L1 and L2), and its lines
+        # leave the cache: where the nest's data would stay in the last-level cache between calls (at most
+        # half of it, the sketches' rule for the default: compiler.backends.cpu.sketches.common.streams_pay)
+        # they go to DRAM on every call instead; where it would not, they skip its read-for-ownership too
+        t1, t2 = max(0.0, t1 - stream_bytes), max(0.0, t2 - stream_bytes)
+        stays = (lines_at[0][0] if lines_at else 0) <= m.l3 // 2
+        t3 = t3 + stream_bytes if stays else max(0.0, t3 - stream_bytes)
     # first-level TLB misses, placed like a cache: the pages of the outermost level that fits the TLB's
     # entries, counted over the loop just outside it. A B panel read in place from a wide matrix touches a
     # new page every row or two of K (a 768-column matrix: 3072-byte rows), so every step of the K loop
@@ -437,6 +458,7 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         lg(mem_instr),
         float(regs[0]),
         float(w.buffer.scope == "global"),
+        stream,
         lg(compute),
         lg(latency),
         lg(ldst),
@@ -465,6 +487,8 @@ def store_row(s: StoreInfo, m: Machine) -> tuple[list[float], dict[str, float]]:
         "ops": flop_work,
         "flops": trip * s.flops,
         "bytes": nbytes,
+        "stored_bytes": float(trip * w.itemsize) if w.buffer.scope == "global" else 0.0,
+        "streamed_bytes": stream_bytes,
         "mem_instr": mem_instr,
         "vec_eff": vec_eff,
         "speedup": speedup,

@@ -59,3 +59,19 @@ def test_second_held_out_set_is_new_and_stays_out_of_development(bench):
     }
     assert not held2 & used
     assert held2 <= bench.heldout_keys(target)
+
+
+def test_random_workloads_are_fixed_by_their_index_and_kind_cycles(bench):
+    """The random cold set is defined by random_workload's seed alone: the same index builds the same
+    workload in every process, kinds cycle pointwise / reduction / contraction, and every sub-space is
+    searchable (enough valid configs)."""
+    target = bench.bench_target(1)
+    kinds = []
+    for k in range(6):
+        a = bench.get_task(f"synth:rand{k}@cold", target, sub=True)
+        b = bench.get_task(f"synth:rand{k}@cold", target, sub=True)
+        assert a.workload_key == b.workload_key
+        kinds.append(a.kind)
+        assert len(bench.valid_configs(a)) >= bench.COLD_MIN_CONFIGS
+    assert kinds == ["pointwise", "reduction", "contraction"] * 2
+    assert len(bench.RAND_CANDIDATES.split(",")) == 24

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compiler.backends.cpu.sketches.reduction import cached_rows
 from compiler.builder import GraphBuilder
 from compiler.target import Target
 from cost_model.features import (
@@ -153,3 +154,47 @@ def test_tlb_misses_of_a_b_panel_read_in_place():
     assert f(task, in_place, "est_log_cycles") > f(task, packed, "est_log_cycles")
     small = _matmul(m=32, k=16, n=64)  # all of it in a few pages: no misses
     assert f(small, small.default(), "s0_log_tlb_misses") == 0.0
+
+
+def _add(rows: int, cols: int, target: Target = AVX512):
+    b = GraphBuilder("add")
+    (task,) = extract_tasks(b.build([b.add(b.input("x", (rows, cols)), b.input("y", (rows, cols)))]), target)
+    return task
+
+
+def test_streaming_stores_are_described_and_priced_by_cache_residency():
+    """The ``store`` knob (non-temporal stores) used to leave the vector unchanged, so no model could tell
+    a streamed candidate from its cached twin. The estimate now charges a streamed output that would have
+    stayed in the last-level cache (DRAM on every call) and credits one that would not (no
+    read-for-ownership)."""
+    small = _pointwise()  # 1 MiB
+    cached = dict(small.default(), vector=16, store="cached")
+    stream = dict(cached, store="stream")
+    fx = FeatureExtractor()
+    assert f(small, stream, "s0_stream") == 1.0 and f(small, cached, "s0_stream") == 0.0
+    assert f(small, stream, "fn_stream_frac") == 1.0 and f(small, cached, "fn_stream_frac") == 0.0
+    assert f(small, stream, "fn_stream_llc") < 0 == f(small, cached, "fn_stream_llc")
+    assert fx.for_task(small, stream)[EST_INDEX] > fx.for_task(small, cached)[EST_INDEX]
+    # only full-vector float32 stores stream (codegen): a scalar loop's stores do not
+    assert f(small, dict(stream, vector=1), "s0_stream") == 0.0
+    large = _add(4096, 4096)  # 192 MiB: overflows the cache whatever the store does
+    cached = dict(large.default(), vector=16, store="cached")
+    stream = dict(cached, store="stream")
+    assert f(large, stream, "fn_stream_llc") > 0
+    assert fx.for_task(large, stream)[EST_INDEX] < fx.for_task(large, cached)[EST_INDEX]
+
+
+def test_split_store_streams_the_rows_past_the_cached_ones():
+    task = _softmax(rows=4096, cols=1024)  # 16 MiB in: 8 MiB of the output fits in 3/4 of a 32 MiB L3
+    rows = cached_rows(task.group, task.target)
+    assert 0 < rows < 4096
+    split = dict(task.default(), store="split")
+    streamed = 1.0 - rows / 4096
+    assert f(task, split, "fn_stream_frac") == pytest.approx(streamed)
+    assert max(f(task, split, f"s{k}_stream") for k in range(3)) == pytest.approx(streamed)
+    assert f(task, dict(split, store="stream"), "fn_stream_frac") == 1.0
+
+
+def test_workload_size_against_the_last_level_cache():
+    small, large = _softmax(rows=64), _softmax(rows=8192, cols=1024)
+    assert f(small, small.default(), "wl_log_llc") < 0 < f(large, large.default(), "wl_log_llc")

@@ -14,7 +14,7 @@ from compiler.errors import KilnError
 from compiler.target import Target
 from cost_model.dataset import load_dataset
 from cost_model.evaluate import cross_validate, spearman, top_k_score
-from cost_model.features import EST_INDEX, FEATURE_VERSION, N_FEATURES
+from cost_model.features import EST_INDEX, FEATURE_NAMES, FEATURE_VERSION, N_FEATURES
 from cost_model.gbdt import GBDTModel
 from cost_model.model import AnalyticModel, RandomModel, create_model, load_model, normalized_labels
 from db.database import RecordIn, TuningDatabase
@@ -26,15 +26,23 @@ CPU = Target.host()
 
 
 def synthetic(n_workloads: int = 6, per: int = 80, seed: int = 0):
-    """Random features; latency depends on three columns the same way in every workload (times a
-    workload scale), so a model must learn the shape to rank held-out workloads. The analytic estimate
+    """Random features; latency depends on three candidate columns the same way in every workload (times
+    a workload scale), so a model must learn the shape to rank held-out workloads. Each workload has its
+    own ``wl_*`` values (pointwise, the same on all its rows, as real workloads do). The analytic estimate
     column is constant (no prior)."""
     rng = np.random.default_rng(seed)
+    wl_cols = [i for i, n in enumerate(FEATURE_NAMES) if n.startswith("wl_")]
+    kind_cols = [
+        FEATURE_NAMES.index(f"wl_kind_{k}") for k in ("pointwise", "reduction", "contraction", "other")
+    ]
+    a, b, c = (FEATURE_NAMES.index(n) for n in ("tot_log_bytes", "wm_vec_eff", "s0_log_unroll"))
     xs, lats, wls = [], [], []
     for w in range(n_workloads):
         x = rng.normal(size=(per, N_FEATURES)).astype(np.float32)
+        x[:, wl_cols] = rng.normal(size=len(wl_cols))
+        x[:, kind_cols] = (1.0, 0.0, 0.0, 0.0)
         x[:, EST_INDEX] = 20.0  # an uninformative analytic prior
-        speed = 2.0 * x[:, 3] - np.abs(x[:, 10]) + 0.5 * (x[:, 20] > 0)
+        speed = 2.0 * x[:, a] - np.abs(x[:, b]) + 0.5 * (x[:, c] > 0)
         lat = (10.0 ** (w % 3 + 1)) * np.exp(-0.5 * speed)
         lat[rng.random(per) < 0.05] = np.nan  # failed candidates
         xs.append(x)
@@ -50,17 +58,25 @@ def test_normalized_labels_per_workload():
 
 @pytest.mark.parametrize("target", ["rank", "residual", "ratio"])
 def test_gbdt_learns_a_ranking_that_transfers(target):
+    """Leave each workload out in turn: the model trained on the others ranks it (means over the folds; a
+    single fold's top-1 on 80 random candidates is too noisy to assert)."""
     x, lat, wl = synthetic()
-    train = np.asarray(wl) != "w5"
-    model = GBDTModel(seed=0, target=target, center=target == "rank")
-    model.update(x[train], lat[train], [w for w, t in zip(wl, train) if t])
-    assert model.fits >= 1 and model.forest is not None
-    scores = model.predict(x[~train])
+    rho, top1, top5, rand1 = [], [], [], []
+    for held in sorted(set(wl)):
+        train = np.asarray(wl) != held
+        model = GBDTModel(seed=0, target=target, center=target == "rank")
+        model.update(x[train], lat[train], [w for w, t in zip(wl, train) if t])
+        assert model.fits >= 1 and model.forest is not None
+        scores = model.predict(x[~train])
+        rho.append(spearman(scores, lat[~train]))
+        top1.append(top_k_score(scores, lat[~train], 1))
+        top5.append(top_k_score(scores, lat[~train], 5))
+        rand1.append(top_k_score(RandomModel(1).predict(x[~train]), lat[~train], 1))
+        assert abs(spearman(RandomModel(1).predict(x[~train]), lat[~train])) < 0.4
     # LambdaMART optimizes the top of the order (NDCG), regressions the whole order
-    assert spearman(scores, lat[~train]) > (0.4 if target == "rank" else 0.8)
-    assert top_k_score(scores, lat[~train], 1) > 0.9 or target != "rank"
-    assert top_k_score(scores, lat[~train], 5) > 0.9
-    assert abs(spearman(RandomModel(1).predict(x[~train]), lat[~train])) < 0.4
+    assert np.mean(rho) > (0.4 if target == "rank" else 0.8)
+    assert np.mean(top5) > 0.75
+    assert np.mean(top1) > np.mean(rand1) + 0.3
 
 
 def test_gbdt_refits_adaptively_and_blends_with_the_prior_while_data_is_scarce():
