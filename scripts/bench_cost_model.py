@@ -91,12 +91,12 @@ HELDOUT2 = (
     "synth:bmm_tall,synth:matmul_wide,synth:conv3x3,synth:rms_wide,synth:mean_rows,synth:gelu_mul,"
     "synth:sigmoid_sub"
 )
-# The third held-out set (stop 29, fixed at 03:42 UTC 2026-11-25, committed before any of these was measured):
-# both sets above have steered development (attention:g5 the packing A study; HELDOUT2's scores under
-# features v6 the pricing of streaming stores in v7), so neither says any longer how a model does on
-# workloads nobody looked at. Rule: nine workloads of random_workload (3 of each kind) at indices far from
-# the random cold set's, so that nobody chose them. Scored only by `heldout --heldout HELDOUT3`; never a
-# development workload, never in a warm start.
+# The third held-out set (stop 29, fixed and committed in 1e7eebf at 03:38 UTC 2026-11-25, before any of
+# these was measured): both sets above have steered development (attention:g5 the packing A study;
+# HELDOUT2's scores under features v6 the pricing of streaming stores in v7), so neither says any longer how
+# a model does on workloads nobody looked at. Rule: nine workloads of random_workload (3 of each kind) at
+# indices far from the random cold set's, so that nobody chose them. Scored only by `heldout --heldout
+# HELDOUT3`; never a development workload, never in a warm start.
 HELDOUT3 = ",".join(f"synth:rand{k}" for k in range(1000, 1009))
 HELDOUT_SETS = {"HELDOUT2": HELDOUT2, "HELDOUT3": HELDOUT3}
 POOL = 96  # held-out pools
