@@ -75,3 +75,15 @@ def test_random_workloads_are_fixed_by_their_index_and_kind_cycles(bench):
         assert len(bench.valid_configs(a)) >= bench.COLD_MIN_CONFIGS
     assert kinds == ["pointwise", "reduction", "contraction"] * 2
     assert len(bench.RAND_CANDIDATES.split(",")) == 24
+
+
+def test_the_third_held_out_set_stays_out_of_training(bench):
+    target = bench.bench_target(1)
+    keys = {bench.get_task(s, target).workload_key for s in bench.HELDOUT3.split(",")}
+    rand = {bench.get_task(s, target).workload_key for s in bench.RAND_CANDIDATES.split(",")}
+    assert len(keys) == 9 and keys <= bench.heldout_keys(target) and not keys & rand
+    assert [bench.get_task(s, target).kind for s in bench.HELDOUT3.split(",")[:3]] == [
+        "reduction",
+        "contraction",
+        "pointwise",
+    ]
