@@ -150,8 +150,13 @@ def workload_row(group: Group, llc_bytes: int) -> list[float]:
         float(sum(1 for n in group.nodes if n.op != "constant")),
         float(len(group.inputs)),
         *(lg(d) for d in dims),
-        math.log2(nbytes / max(1, llc_bytes)),
+        log_llc(group, llc_bytes),
     ]
+
+
+def log_llc(group: Group, llc_bytes: int) -> float:
+    """``wl_log_llc``: log2 of the group's bytes over the last-level cache (< 0: its data fits)."""
+    return math.log2(max(1.0, group.bytes) / max(1, llc_bytes))
 
 
 def _characteristic_dims(group: Group) -> tuple[int, int, int]:
@@ -211,7 +216,7 @@ def extract(func: PrimFunc, group: Group, target: Target, registers: int | None 
         lg(info.barriers),
         float(sum(1 for s in info.stores if s.loops and s.loops[-1].kind == "vectorized")),
         stream_frac,
-        stream_frac * math.log2(max(1.0, group.bytes) / m.l3),
+        stream_frac * log_llc(group, m.l3),
     ]
     gpu = _gpu_row(func, m, local, shared, raws, registers)
 

@@ -1,6 +1,7 @@
-"""What scripts/bench_torch.py shares with older benchmark scripts: the thread count, a machine line, a
-timing loop and a markdown table. The regression benchmarks (contenders, methodology, ceilings, storage,
-reports) are `kiln bench` (tuner/bench/); scripts/bench_cpu.py, bench_onnx.py and bench_gpu.py wrap it.
+"""What scripts/bench_torch.py shares with older benchmark scripts: the thread count, a machine line, the
+git commit, a timing loop and a markdown table. The regression benchmarks (contenders, methodology,
+ceilings, storage, reports) are `kiln bench` (tuner/bench/); scripts/bench_cpu.py, bench_onnx.py and
+bench_gpu.py wrap it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -24,6 +26,21 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def git_commit() -> str:
+    """HEAD's commit, ``+dirty`` when tracked files differ from it ("unknown" without git)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def machine_line() -> str:

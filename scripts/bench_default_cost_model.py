@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_common import THREADS, cpu_name  # noqa: E402
+from scripts.bench_common import THREADS, cpu_name, git_commit  # noqa: E402
 
 MODELS = ["softmax_large", "layernorm", "mlp", "matmul", "attention", "convnet"]
 METHODS = ["none", "gbdt"]
@@ -45,14 +45,6 @@ RULE_LATENCY_WORST = 1.10
 RULE_WALL_GEOMEAN = 1.15
 MAX_SPREAD = 0.10  # a timing whose round medians spread more (half IQR / median) was disturbed: time again
 ATTEMPTS = 3
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
-    )
-    return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
 def loadavg() -> str:

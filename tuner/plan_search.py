@@ -570,20 +570,15 @@ class PlanSearch:
         if self.target.kind != "cpu":
             latency, best = better[0]
             return self._outcome(best, latency, rule, n)
-        whole = self.whole
-        labels = {self._label(r.plan) for _, r in better}
-        if whole is None or (whole.problem is None and not labels & set(whole.medians)):
+        if self.whole is not None and self.whole.problem is not None:
+            return self._outcome(rules_result, rule, rule, n, why=self.whole.problem)
+        medians = self.whole.medians if self.whole is not None else {}
+        timed = [(medians[label], lat, r) for lat, r in better if (label := self._label(r.plan)) in medians]
+        if not timed:
             why = "the best plan by the sum of kernels was not timed on the whole model"
             log.warning("%s: the rules' plan is kept: %s", self.task.name, why)
             return self._outcome(rules_result, rule, rule, n, why=why)
-        if whole.problem is not None:
-            return self._outcome(rules_result, rule, rule, n, why=whole.problem)
-        rule_whole = whole.medians["rules"]
-        timed = [
-            (whole.medians[self._label(r.plan)], lat, r)
-            for lat, r in better
-            if self._label(r.plan) in whole.medians
-        ]
+        rule_whole = medians["rules"]
         plan_whole, latency, best = min(timed, key=lambda t: t[0])
         if plan_whole < rule_whole * (1 - MIN_GAIN):
             return self._outcome(best, latency, rule, n, plan_whole, rule_whole)

@@ -87,13 +87,17 @@ class KernelCostTimer(WholeTimer):
 
 @dataclass
 class WholeTiming:
-    """What :func:`time_plans` measured: the median of the per-round latencies of the model under each
-    contender (``rules`` and the finalists' names), or ``problem``: why nothing was timed (a build that
-    failed, an output that differs from the reference)."""
+    """What :func:`time_plans` measured: the per-round latencies of the model under each contender
+    (``rules`` and the finalists' names), or ``problem``: why nothing was timed (a build that failed, an
+    output that differs from the reference)."""
 
-    medians: dict[str, float] = field(default_factory=dict)
     rounds: dict[str, list[float]] = field(default_factory=dict)
     problem: str | None = None
+
+    @property
+    def medians(self) -> dict[str, float]:
+        """Each contender's median over its rounds."""
+        return {k: float(statistics.median(v)) for k, v in self.rounds.items()}
 
 
 def time_plans(
@@ -131,5 +135,4 @@ def time_plans(
                 return WholeTiming(problem=why)
     except Exception as exc:
         return WholeTiming(problem=f"the models could not be run: {type(exc).__name__}: {exc}")
-    per_round = timer.time(models, inputs, rounds)
-    return WholeTiming({k: float(statistics.median(v)) for k, v in per_round.items()}, per_round)
+    return WholeTiming(timer.time(models, inputs, rounds))

@@ -3,6 +3,7 @@ default."""
 
 from __future__ import annotations
 
+from compiler.errors import ScheduleError
 from compiler.frontend import load_model
 from compiler.target import Target
 from tuner.task import extract_tasks
@@ -23,7 +24,7 @@ def other_configs(task, n: int) -> list[dict]:
                 continue
             try:
                 task.check(config)
-            except Exception:
+            except ScheduleError:
                 continue
             found.append(config)
             if len(found) == n:
