@@ -2092,7 +2092,8 @@ had changed since the cache before, so its code hash named a new cache; stop 29 
 tables, benchmarks/cost_model_cold_rand.md, to the same cache: they are training data of the warm start and
 of the held-out models like every measured workload that is not held out): the measurements describe this
 commit's compiler (the measurement code hash above names the exact code). Development data: their
-tables{dev}, the `pack_a` pairs and the cold benchmarks' tables (benchmarks/cost_model_dev.md). Held out,
+tables{dev}, the `pack_a` pairs, the cold benchmarks' tables and, since stop 30, uniform pools of 48 configs
+of 90 random workloads (DEVRAND in the script; benchmarks/cost_model_dev.md). Held out,
 never used to train a model: {held} (families not in the benchmark, or twins of one at another size), each
 with a pool of {pool} valid configs drawn uniformly from its whole space (synth:tanh_add's whole space has
 48 valid configs: all of them). This first set has been scored after every model version since i18-heldout,
@@ -2100,7 +2101,10 @@ and what one of its workloads showed (attention:g5's best configuration) steered
 packing A study), so it is no longer untouched; the second set, HELDOUT2 ({held2}), was fixed before any of
 it was measured and before any model of features v5 was scored (stop 28), and was first scored then; at stop
 29 its scores under features v6 (synth:rms_wide: the GBDT's top-1 0.732 against the prior's 0.907) are what
-led to pricing streaming stores in the analytic estimate (v7), so it is no longer untouched either. Twins
+led to pricing streaming stores in the analytic estimate (v7), so it is no longer untouched either; the
+third and fourth sets are scored by `heldout --heldout HELDOUT3` / `HELDOUT4`
+(benchmarks/cost_model_heldout3.md, benchmarks/cost_model_heldout4.md); every held-out set stays out of
+every training set. Twins
 are workloads of one *family*: the same kind and the same non-arithmetic ops at other shapes (softmax /
 softmax_large / encoder_layer's softmax; layernorm / encoder_layer's LayerNorm; the matmul + bias layers;
 the conv + relu layers); twins are dropped from the warm start and, in the first held-out table, from the
