@@ -1267,7 +1267,8 @@ def _heldout(args: argparse.Namespace) -> None:
                     f"top-1 does: GBDT {g1['gbdt']:.3f}, analytic {g1['analytic']:.3f}, "
                     f"random {g1['random']:.3f}"
                 )
-            ok = g["gbdt"] >= 0.92 and g["gbdt"] > g["analytic"]
+            # better = higher at the 3 decimals printed (a difference below 0.0005 is no difference)
+            ok = g["gbdt"] >= 0.92 and round(g["gbdt"], 3) > round(g["analytic"], 3)
             g1 = {
                 m: sum(r["weight"] * r["best"] for r in sel)
                 / sum(r["weight"] * r["best"] / r[f"{m}_top1"] for r in sel)
