@@ -99,13 +99,13 @@ HELDOUT2 = (
 # indices far from the random cold set's, so that nobody chose them. Scored only by `heldout --heldout
 # HELDOUT3`; never a development workload, never in a warm start.
 HELDOUT3 = ",".join(f"synth:rand{k}" for k in range(1000, 1009))
-# The fourth held-out set (stop 30, fixed and committed at 05:20 UTC 2026-11-25 before any of these was
-# measured): HELDOUT3 was scored at stop 29 and then read config by config at stop 30 (its contraction pools
-# are where the prior and the learned model both miss: the best config of two of its three matmuls is a
-# vector=1 tile that gcc vectorizes by itself, ranked 59th and 62nd of 96 by the prior), which is why the
-# random development pools below were measured, so it no longer says how a model does on workloads nobody
-# looked at. Rule: twelve workloads of random_workload (4 of each kind) at indices no other set uses. Scored
-# only by `heldout --heldout HELDOUT4`; never a development workload, never in a warm start.
+# The fourth held-out set (stop 30, fixed and committed in d67b97d at 05:17 UTC 2026-11-25, before any of
+# these was measured): HELDOUT3 was scored at stop 29 and then read config by config at stop 30 (its
+# contraction pools are where the prior and the learned model both miss: the best config of two of its three
+# matmuls is a vector=1 tile that gcc vectorizes by itself, ranked 59th and 62nd of 96 by the prior), which
+# is why the random development pools below were measured, so it no longer says how a model does on
+# workloads nobody looked at. Rule: twelve workloads of random_workload (4 of each kind) at indices no other
+# set uses. Scored only by `heldout --heldout HELDOUT4`; never a development workload, never in a warm start.
 HELDOUT4 = ",".join(f"synth:rand{k}" for k in range(3000, 3012))
 HELDOUT_SETS = {"HELDOUT2": HELDOUT2, "HELDOUT3": HELDOUT3, "HELDOUT4": HELDOUT4}
 # Development data drawn at random (stop 30, fixed together with HELDOUT4): uniform pools of DEV_POOL configs
@@ -114,6 +114,20 @@ HELDOUT_SETS = {"HELDOUT2": HELDOUT2, "HELDOUT3": HELDOUT3, "HELDOUT4": HELDOUT4
 # many workloads. Measured by `collect --tables '' --pools '' --dev DEVRAND`; training data of every fold,
 # warm start and held-out score, and development workloads of `devcv`.
 DEVRAND = ",".join(f"synth:rand{k}" for k in range(2000, 2090))
+# the sets a workload-list argument (collect --pools / --dev, heldout --heldout) may name
+NAMED_SETS = {**HELDOUT_SETS, "DEVRAND": DEVRAND}
+
+
+def workload_list(arg: str) -> list[str]:
+    """The workload specs of a comma-separated list, or of the set ``arg`` names (NAMED_SETS)."""
+    return [s for s in NAMED_SETS.get(arg, arg).split(",") if s]
+
+
+def higher(a: float, b: float) -> bool:
+    """``a`` > ``b`` at the 3 decimals the reports print (a difference below 0.0005 is no difference)."""
+    return round(a, 3) > round(b, 3)
+
+
 POOL = 96  # held-out pools
 DEV_POOL = 48
 # contraction spaces have ~10^5 configs: the benchmark frees these knobs and keeps the rest at the
@@ -588,8 +602,8 @@ def collect(args: argparse.Namespace) -> None:
     target = bench_target(args.threads)
     cache = MeasureCache(args.cache, target)
     jobs = [(s, True, 0) for s in args.tables.split(",") if s]
-    jobs += [(s, False, args.n) for s in HELDOUT_SETS.get(args.pools, args.pools).split(",") if s]
-    jobs += [(s, False, DEV_POOL) for s in {"DEVRAND": DEVRAND}.get(args.dev, args.dev).split(",") if s]
+    jobs += [(s, False, args.n) for s in workload_list(args.pools)]
+    jobs += [(s, False, DEV_POOL) for s in workload_list(args.dev)]
     try:
         for spec, sub, n in jobs:
             task = get_task(spec, target, sub=sub)
@@ -1185,7 +1199,7 @@ def _heldout(args: argparse.Namespace) -> None:
     data = load_dataset(cache.db, target.key)
     fam = families(cache.db)
     wl = np.asarray(data.workloads)
-    args.heldout = HELDOUT_SETS.get(args.heldout, args.heldout)
+    args.heldout = NAMED_SETS.get(args.heldout, args.heldout)
     held = [(s, get_task(s, target)) for s in args.heldout.split(",")]
     missing = [s for s, t in held if t.workload_key not in set(data.workloads)]
     held = [(s, t) for s, t in held if t.workload_key in set(data.workloads)]
@@ -1267,8 +1281,7 @@ def _heldout(args: argparse.Namespace) -> None:
                     f"top-1 does: GBDT {g1['gbdt']:.3f}, analytic {g1['analytic']:.3f}, "
                     f"random {g1['random']:.3f}"
                 )
-            # better = higher at the 3 decimals printed (a difference below 0.0005 is no difference)
-            ok = g["gbdt"] >= 0.92 and round(g["gbdt"], 3) > round(g["analytic"], 3)
+            ok = g["gbdt"] >= 0.92 and higher(g["gbdt"], g["analytic"])
             g1 = {
                 m: sum(r["weight"] * r["best"] for r in sel)
                 / sum(r["weight"] * r["best"] / r[f"{m}_top1"] for r in sel)
@@ -1378,30 +1391,32 @@ def devcv(args: argparse.Namespace) -> None:
                 cells.append(float(np.mean([r[k] for r in rows if r[0] == kd])))
         print(f"| {label} | " + " | ".join(f"{c:.3f}" for c in cells) + " |", flush=True)
         aggregates[label] = cells[:4]
-    # the rule kiln tune's default is chosen by: of the GBDT variants below the analytic prior on none of the
-    # four aggregates (compared at the 3 decimals printed), the one with the best mean of the four
-    names = ("weighted top-1", "mean top-1", "weighted top-5", "mean top-5")
-    prior = [round(c, 3) for c in aggregates.pop("analytic")]
+    print("\n" + devcv_rule(aggregates))
+
+
+def devcv_rule(aggregates: dict[str, list[float]]) -> str:
+    """The rule kiln tune's default is chosen by, on devcv's four aggregates (weighted / mean top-1, weighted
+    / mean top-5) per variant, "analytic" the prior's: of the GBDT variants below the prior on none of the
+    four (at the 3 decimals printed), the one with the best mean of the four (ties: the default)."""
+    import numpy as np
+
+    labels = ("weighted top-1", "mean top-1", "weighted top-5", "mean top-5")
+    prior = aggregates["analytic"]
+    variants = {v: a for v, a in aggregates.items() if v != "analytic"}
 
     def below(v: str) -> list[str]:
-        return [n for n, a, b in zip(names, (round(c, 3) for c in aggregates[v]), prior) if a < b]
+        return [n for n, a, b in zip(labels, variants[v], prior) if higher(b, a)]
 
     def mean(v: str) -> tuple[float, bool]:
-        return float(np.mean(aggregates[v])), v == "{} (default)"
+        return float(np.mean(variants[v])), v == "{} (default)"
 
-    passing = [v for v in aggregates if not below(v)]
+    passing = [v for v in variants if not below(v)]
     if passing:
-        print(
-            "\nRule (of the variants below the prior on none of the four, the best mean): "
-            + max(passing, key=mean)
-        )
-    else:
-        best = max(aggregates, key=mean)
-        print(
-            f"\nRule: **fails**, every variant is below the prior somewhere (best mean {best}: "
-            + ", ".join(below(best))
-            + ")"
-        )
+        pick = max(passing, key=mean)
+        return f"Rule (of the variants below the prior on none of the four, the best mean): {pick}"
+    best = max(variants, key=mean)
+    misses = ", ".join(below(best))
+    return f"Rule: **fails**, every variant is below the prior somewhere (best mean {best}: {misses})"
 
 
 # ---------------------------------------------------------------------------------------------- overhead

@@ -87,3 +87,36 @@ def test_the_third_held_out_set_stays_out_of_training(bench):
         "contraction",
         "pointwise",
     ]
+
+
+def test_the_fourth_held_out_set_and_the_random_development_pools_are_disjoint(bench):
+    target = bench.bench_target(1)
+
+    def keys(specs: str) -> set[str]:
+        return {bench.get_task(s, target).workload_key for s in specs.split(",")}
+
+    held4, devrand = keys(bench.HELDOUT4), keys(bench.DEVRAND)
+    assert len(held4) == 12 and len(devrand) == 90
+    assert held4 <= bench.heldout_keys(target) and not devrand & bench.heldout_keys(target)
+    assert not (held4 | devrand) & keys(bench.RAND_CANDIDATES.replace("@cold", ""))
+    assert bench.workload_list("DEVRAND") == bench.DEVRAND.split(",")
+    assert bench.workload_list("HELDOUT4") == bench.HELDOUT4.split(",")
+    assert bench.workload_list("a,,b") == ["a", "b"]
+
+
+def test_devcv_rule_picks_the_best_variant_never_below_the_prior(bench):
+    prior = [0.843, 0.942, 0.997, 0.988]
+    aggregates = {
+        "analytic": prior,
+        "{} (default)": [0.970, 0.964, 0.9972, 0.9884],
+        "wide": [0.972, 0.967, 0.997, 0.987],  # best mean, but below the prior on mean top-5
+        "low": [0.940, 0.954, 0.9969, 0.988],  # 0.9969 prints as 0.997: not below
+    }
+    assert bench.devcv_rule(aggregates).endswith(": {} (default)")
+    del aggregates["{} (default)"]
+    assert bench.devcv_rule(aggregates).endswith(": low")
+    del aggregates["low"]
+    assert bench.devcv_rule(aggregates) == (
+        "Rule: **fails**, every variant is below the prior somewhere (best mean wide: mean top-5)"
+    )
+    assert bench.higher(0.9796, 0.979) and not bench.higher(0.9804, 0.9796)

@@ -320,7 +320,7 @@ def test_retrain_from_database_with_cached_features(tmp_path):
 
 
 def test_prior_trust_is_learned_per_workload_from_its_measurements(tmp_path):
-    from cost_model.gbdt import WORKLOAD_COLUMNS, centered, signatures
+    from cost_model.gbdt import WORKLOAD_COLUMNS, signatures
 
     x, lat, wl = synthetic(2, 48)
     x[:48, WORKLOAD_COLUMNS], x[48:, WORKLOAD_COLUMNS] = 0.0, 1.0  # two workloads, one signature each
@@ -338,7 +338,7 @@ def test_prior_trust_is_learned_per_workload_from_its_measurements(tmp_path):
     np.testing.assert_array_equal(same.predict(x), model.predict(x))
     unseen = x[:4].copy()
     unseen[:, WORKLOAD_COLUMNS] = 2.0  # a workload with no measurements keeps the prior at full weight
-    learned = model.forest.predict(centered(unseen, np.zeros(4)) if model.center else unseen)
+    learned = model.forest.predict(unseen)  # the default ranks on the plain features (center=False)
     expected = -unseen[:, EST_INDEX] + model.correction_weight(unseen) * learned
     np.testing.assert_allclose(model.predict(unseen), expected)
 
