@@ -2210,10 +2210,14 @@ def main() -> None:
     c = sub.add_parser("collect", help="measure the sub-space tables and uniform pools into the cache")
     c.add_argument("--tables", default=BENCH, help="workloads whose benchmark sub-space is measured whole")
     c.add_argument(
-        "--pools", default=HELDOUT_EVAL, help="workloads measured on a uniform pool of --n configs"
+        "--pools",
+        default=HELDOUT_EVAL,
+        help="workloads measured on a uniform pool of --n configs, or a set: " + " / ".join(NAMED_SETS),
     )
     c.add_argument("--n", type=int, default=POOL)
-    c.add_argument("--dev", default=DEV, help=f"workloads measured on a uniform pool of {DEV_POOL} configs")
+    c.add_argument(
+        "--dev", default=DEV, help=f"workloads measured on a uniform pool of {DEV_POOL} configs, or DEVRAND"
+    )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(
         "--pairs",
@@ -2239,7 +2243,7 @@ def main() -> None:
     p.add_argument("--resamples", type=int, default=2000)
     h = sub.add_parser("heldout", help="TenSet top-k on the held-out workloads' uniform pools")
     h.add_argument(
-        "--heldout", default=HELDOUT_EVAL, help="workloads to score, or HELDOUT2 / HELDOUT3 (the other sets)"
+        "--heldout", default=HELDOUT_EVAL, help="workloads to score, or a set: " + " / ".join(HELDOUT_SETS)
     )
     h.add_argument(
         "--report", dest="report_file", default="", help="also write the output to this markdown file, headed"
