@@ -120,3 +120,32 @@ def test_devcv_rule_picks_the_best_variant_never_below_the_prior(bench):
         "Rule: **fails**, every variant is below the prior somewhere (best mean wide: mean top-5)"
     )
     assert bench.higher(0.9796, 0.979) and not bench.higher(0.9804, 0.9796)
+
+
+def test_the_whole_space_cold_set_is_drawn_by_its_rule_and_disjoint_from_every_other_set(bench):
+    target = bench.bench_target(1)
+    specs = bench.full_candidates(target)
+    tasks = [bench.get_task(s, target, sub=True) for s in specs]
+    assert [t.kind for t in tasks] == ["reduction"] * 3 + ["contraction"] * 3
+    assert all(t.flops <= bench.FULL_MAX_FLOPS and t.free is None for t in tasks)
+    # the whole space: no knob pinned to the default, unlike the @cold sub-space of the same workload
+    whole = tasks[-1].space()
+    sub = bench.get_task(specs[-1].replace("@full", "@cold"), target, sub=True).space()
+    assert any(len(k.values) > 1 for k in whole if k.name not in bench.COLD_FREE_KNOBS["contraction"])
+    assert all(len(k.values) == 1 for k in sub if k.name not in bench.COLD_FREE_KNOBS["contraction"])
+    keys = {t.workload_key for t in tasks}
+    others = ",".join(
+        [bench.HELDOUT3, bench.HELDOUT4, bench.DEVRAND, bench.RAND_CANDIDATES.replace("@cold", "")]
+    )
+    assert not keys & {bench.get_task(s, target).workload_key for s in others.split(",")}
+    assert not keys & bench.heldout_keys(target)
+    # drawn in index order from FULL_FIRST: every skipped index below the last pick is another kind or too big
+    picked = {int(s.removeprefix("synth:rand").removesuffix("@full")) for s in specs}
+    for k in range(bench.FULL_FIRST, max(picked)):
+        if k not in picked:
+            t = bench.get_task(f"synth:rand{k}", target)
+            assert (
+                t.kind == "pointwise"
+                or t.flops > bench.FULL_MAX_FLOPS
+                or k > max(p for p in picked if bench.get_task(f"synth:rand{p}", target).kind == t.kind)
+            )
