@@ -149,3 +149,20 @@ def test_the_whole_space_cold_set_is_drawn_by_its_rule_and_disjoint_from_every_o
                 or t.flops > bench.FULL_MAX_FLOPS
                 or k > max(p for p in picked if bench.get_task(f"synth:rand{p}", target).kind == t.kind)
             )
+
+
+def test_a_run_knows_only_the_features_it_computed_itself(bench):
+    from cost_model.features import FeatureExtractor
+
+    target = bench.bench_target(1)
+    task = bench.get_task("synth:matmul_768", target)
+    config = task.default()
+    shared = FeatureExtractor()
+    first, second = bench.run_extractor(shared), bench.run_extractor(shared)
+    key = first.key(task.group, task.target, config, task.sketch.name)
+    vec = first.for_task(task, config)
+    assert first.peek(key)[0] and shared.misses == 1
+    # another run has not featurized it: not known there (a new process would not know it either) ...
+    assert second.peek(key) == (False, None)
+    # ... and featurizing it there lowers nothing again
+    assert (second.for_task(task, config) == vec).all() and shared.misses == 1 and shared.hits == 1
