@@ -1,28 +1,32 @@
 #!/usr/bin/env python
 """Search efficiency of the cost model on real CPU measurements (a script, not a test).
 
-Methods, each run per workload and seed with its own fresh tuning database:
-  tpe         Optuna TPE alone (what `kiln tune --cost-model none` does)
-  random      Optuna's random sampler
-  tpe+cm      TPE + GBDT cost model (`--cost-model gbdt`), the model starting cold on this workload
-  tpe+cm-warm the same, with the run's database pre-filled with the cache's records of the *other*
-              workloads, so the model starts trained on them
+Methods, each run per workload and seed with its own fresh tuning database (METHODS):
+  tpe                 Optuna TPE alone (what `kiln tune --cost-model none` does)
+  random              Optuna's random sampler
+  tpe+analytic        TPE + the analytic prior ranking each round's candidates (`--cost-model analytic`)
+  tpe+random-filter   TPE + a filter that picks candidates at random (the same screening, no model)
+  tpe+gbdt            TPE + the GBDT cost model (`--cost-model gbdt`), starting cold on this workload
+  tpe+gbdt-warm       the same, with the run's database pre-filled with the cache's records of the *other*
+                      workloads (held-out workloads and twins excluded), so the model starts trained on them
+  tpe+gbdt-inline, tpe+gbdt-trust   development variants of the cold GBDT (METHOD_GBDT)
 
-Measurements are real (LocalBuilder + LocalRunner) and shared through a measurement cache, a tuning
-database (``--cache``, default /tmp/kiln_cm/cache.db): a config is measured once, the first time any run asks
-for it, and every later run (any method, any seed) gets the same latency, so methods are compared on one
-landscape; trial counts are still counted per run. The target is this CPU with ``--threads`` cores
-(default 1: with two OpenMP threads on this shared 2-core machine a parallel kernel waits for a
-descheduled sibling whenever another job runs, and is measured 10-50x slow), so records, features and the
-analytic model all describe a 1-thread target (key ``cpu/x86_64/<cpu>/<isa>/1``). Timing: a batch is built
-once and run at least twice (15 samples of >= 2 ms each, median), and each candidate keeps its pass with the
-lowest median; a pass during which other processes kept more than half a core busy (/proc/stat) does
-not count, and the batch is run again after a 1 s pause (up to 5 passes). Without this, a few
-percent of the records came out 1.5-4x slow (a whole record measured while another job ran).
+Measurements are real (LocalBuilder + LocalRunner) and shared through a measurement cache, a tuning database
+(``--cache``, default $KILN_CM_WORK/cache_<hash of the measuring code>.db): a config is measured once, the
+first time anything asks for it, and every later run (any method, any seed) gets the same latency, so methods
+are compared on one landscape; trial counts are still counted per run. The target is this CPU with
+``--threads`` cores (default 1: with two OpenMP threads on this shared 2-core machine a parallel kernel waits
+for a descheduled sibling whenever another job runs, and is measured 10-50x slow), so records, features and
+the analytic model all describe a 1-thread target (key ``cpu/x86_64/<cpu>/<isa>/1``). Timing: a batch is built
+once and run at least twice (RUNNER: 15 samples, 30 ms of timed calls in all, median), and each candidate
+keeps its pass with the lowest median; a pass during which other processes kept more than half a core busy
+(/proc/stat) does not count, and the batch is run again after a 1 s pause (up to 5 passes). Without this, a
+few percent of the records came out 1.5-4x slow (a whole record measured while another job ran).
 
-    python scripts/bench_cost_model.py collect --workloads rmsnorm,softmax --n 144     # extra data
-    python scripts/bench_cost_model.py run --trials 160 --seeds 0,1,2                   # the benchmark
-    python scripts/bench_cost_model.py report                                           # md + plots
+    python scripts/bench_cost_model.py collect               # the sub-space tables and pools, into the cache
+    python scripts/bench_cost_model.py all                   # everything -> benchmarks/cost_model.md
+    python scripts/bench_cost_model.py run --seeds 0,1,2     # the search runs alone (replayed)
+    python scripts/bench_cost_model.py report RUN_DIR        # md + plots of one protocol directory
     python scripts/bench_cost_model.py collect --tables '' --dev '' --pools attention:g2 --n 32 --pairs pack_a
         # a pool of 32 configs, each also measured with pack_a flipped (pairs that differ in one knob)
 
@@ -33,6 +37,11 @@ sub-spaces selected by a rule fixed before they were measured (see "cold benchma
 
     python scripts/bench_cost_model.py cold-collect --until 14:45    # measure candidate tables, in order
     python scripts/bench_cost_model.py cold --until 14:45            # select, run 10 seeds, report
+
+``cold-full`` (benchmarks/cost_model_cold_full.md) searches whole spaces of randomly drawn workloads,
+measuring live into its own cache (see FULL_FIRST):
+
+    python scripts/bench_cost_model.py cold-full
 """
 
 from __future__ import annotations
@@ -1012,7 +1021,8 @@ def report(args: argparse.Namespace) -> None:
             f"\nOn {', '.join(near)} the rule-based default is within 5% of the sub-space's best: the "
             "analytic prior ranks the default first there, so every method that ranks with it (TPE + "
             "analytic, the GBDTs while they lean on the prior) is done in a trial or two. The sub-spaces "
-            "keep the default's other knobs, which favours the prior; the full spaces were out of reach here."
+            "keep the default's other knobs, which favours the prior; benchmarks/cost_model_cold_full.md "
+            "searches whole spaces."
         )
     print(
         "\nRatio to TPE alone: per workload the ratio of medians; geometric mean over workloads with a "
@@ -1091,18 +1101,29 @@ def report(args: argparse.Namespace) -> None:
                 f"- warm-started <= 1/3 of TPE's trials with the 90% interval's upper end <= 0.5: "
                 f"{'**met**' if ok else '**not met**'} ({w[0]:.2f}, interval {w[1]:.2f}-{w[2]:.2f})"
             )
+
+        def direct(m: str) -> tuple[float, float, float]:
+            """Geometric mean over workloads of ``m``'s median trials / TPE + analytic's, bootstrap 90%."""
+            samples, pairs = [], []
+            for spec in specs:
+                if (spec, m) in tt and (spec, "tpe+analytic") in tt:
+                    pairs.append((len(samples), len(samples) + 1))
+                    samples += [np.asarray(tt[(spec, m)], float)]
+                    samples += [np.asarray(tt[(spec, "tpe+analytic")], float)]
+            return geomean_ratio_ci(samples, pairs, args.resamples)
+
+        if w and "tpe+analytic" in summary:  # not a target: does transfer beat the prior alone?
+            d, ci_low, ci_high = direct("tpe+gbdt-warm")
+            print(
+                f"- (not a target) warm-started GBDT / TPE + analytic directly: {d:.2f}, 90% interval "
+                f"{ci_low:.2f}-{ci_high:.2f}"
+            )
         for cold_m in COLD_VARIANTS:
             c, a = summary.get(cold_m), summary.get("tpe+analytic")
             if not (c and a):
                 continue
             # the direct comparison: geometric mean over workloads of cold GBDT's median / TPE + analytic's
-            samples, pairs = [], []
-            for spec in specs:
-                if (spec, cold_m) in tt and (spec, "tpe+analytic") in tt:
-                    pairs.append((len(samples), len(samples) + 1))
-                    samples += [np.asarray(tt[(spec, cold_m)], float)]
-                    samples += [np.asarray(tt[(spec, "tpe+analytic")], float)]
-            d, ci_low, ci_high = geomean_ratio_ci(samples, pairs, args.resamples)
+            d, ci_low, ci_high = direct(cold_m)
             name = {
                 "tpe+gbdt": "cold GBDT",
                 "tpe+gbdt-inline": "cold GBDT fitted in line",
@@ -2193,7 +2214,7 @@ training set.
 # tie by construction; `kiln tune` searches whole spaces. The candidates are drawn by rule, not chosen: the
 # first FULL_PER_KIND reductions and contractions of random_workload from index FULL_FIRST on (an index range
 # no other set uses) whose FLOPs are at most FULL_MAX_FLOPS (measuring time: a whole contraction space holds
-# scalar configs 20x slower than the best, and each measured config costs >= 15 samples of 30 ms). Pointwise
+# scalar configs 20x slower than the best, and each measured config runs at least 15 samples). Pointwise
 # spaces are searched whole by the random cold set already. Nothing is measured beforehand but the default:
 # the runs measure what they ask (each config once, in the set's own cache, kept out of every training set),
 # and the goal is the best config measured by any run of any method (or the default). Methods: TPE alone,
