@@ -2230,16 +2230,25 @@ FULL_KINDS = ("reduction", "contraction")
 FULL_METHODS = "tpe,tpe+analytic,tpe+gbdt,tpe+gbdt-warm"
 
 
-def full_candidates(target: Target) -> list[str]:
-    """The whole-space cold set's workloads (see FULL_FIRST), as ``synth:randK@full`` specs."""
-    picked: dict[str, list[str]] = {kind: [] for kind in FULL_KINDS}
-    k = FULL_FIRST
-    while any(len(v) < FULL_PER_KIND for v in picked.values()):
+def drawn_workloads(
+    target: Target, first: int, kinds: tuple[str, ...], per_kind: int, max_flops: float
+) -> list[str]:
+    """The first ``per_kind`` workloads of each of ``kinds`` among random_workload(first), (first + 1), ...
+    with at most ``max_flops``, as whole-space ``synth:randK@full`` specs, grouped by kind in ``kinds``'
+    order."""
+    picked: dict[str, list[str]] = {kind: [] for kind in kinds}
+    k = first
+    while any(len(v) < per_kind for v in picked.values()):
         task = get_task(f"synth:rand{k}", target)
-        if task.kind in picked and len(picked[task.kind]) < FULL_PER_KIND and task.flops <= FULL_MAX_FLOPS:
+        if task.kind in picked and len(picked[task.kind]) < per_kind and task.flops <= max_flops:
             picked[task.kind].append(f"synth:rand{k}@full")
         k += 1
-    return [s for kind in FULL_KINDS for s in picked[kind]]
+    return [s for kind in kinds for s in picked[kind]]
+
+
+def full_candidates(target: Target) -> list[str]:
+    """The whole-space cold set's workloads (see FULL_FIRST)."""
+    return drawn_workloads(target, FULL_FIRST, FULL_KINDS, FULL_PER_KIND, FULL_MAX_FLOPS)
 
 
 FULL_INTRO = """\
@@ -2256,7 +2265,7 @@ cost_model_cold_rand.md) search sub-spaces that keep the sketch's default for th
 there the analytic prior's first batch is almost always within 5% of the best, so the cold GBDT and TPE +
 analytic tie by construction. `kiln tune` searches the whole space. The workloads are drawn by a rule fixed
 and committed before any of them was measured (scripts/bench_cost_model.py, FULL_FIRST): the first
-{per_kind} reductions and contractions of `random_workload` from index {first} on with at most 2^29 FLOPs
+{per_kind} reductions and contractions of `random_workload` from index {first} on with at most {flops} FLOPs
 (measuring time). Nothing was developed on this set. The whole spaces are not measured beforehand: the runs
 measure what they ask, each config once (every method and seed then sees the same latency), and the goal is
 the best config that any run of any method measured, or the rule-based default (measured first for the
@@ -2278,6 +2287,9 @@ def cold_full(args: argparse.Namespace) -> None:
     import datetime
     import io
 
+    # the set's own cache; the warm start learns from --cache's records (the development cache)
+    args.train_cache = args.cache
+    args.cache = f"sqlite:///{WORK / f'full_cache_{code_hash(MEASURE_CODE, RUNNER)}.db'}"
     target = bench_target(args.threads)
     specs = full_candidates(target)
     cache = MeasureCache(args.cache, target)
@@ -2312,6 +2324,7 @@ def cold_full(args: argparse.Namespace) -> None:
         train=args.train_cache.rsplit("/", 1)[-1],
         per_kind=FULL_PER_KIND,
         first=FULL_FIRST,
+        flops=f"2^{FULL_MAX_FLOPS.bit_length() - 1}",
         specs=", ".join(specs),
     )
     out = Path(args.out) / "cost_model_cold_full.md"
@@ -2388,6 +2401,20 @@ def run_all(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'cost_model.md'}")
 
 
+def add_search_options(q: argparse.ArgumentParser, results: str | None, report: bool = True, **kw) -> None:
+    """The options of a search protocol (seeds, budget, batching, results directory) and, with ``report``,
+    of its report (output directory, bootstrap resamples); ``kw``: argparse keywords of ``--results``."""
+    q.add_argument("--seeds", default=",".join(str(i) for i in range(10)))
+    q.add_argument("--trials", type=int, default=64)
+    q.add_argument("--batch", type=int, default=8)
+    q.add_argument("--oversample", type=int, default=8)
+    q.add_argument("--epsilon", type=float, default=0.1)
+    q.add_argument("--results", default=results, **kw)
+    if report:
+        q.add_argument("--out", default=str(ROOT / "benchmarks"))
+        q.add_argument("--resamples", type=int, default=2000)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -2417,13 +2444,8 @@ def main() -> None:
     r = sub.add_parser("run", help="replay the search methods from the cache")
     r.add_argument("--workloads", default=BENCH)
     r.add_argument("--methods", default=",".join(METHODS))
-    r.add_argument("--seeds", default=",".join(str(i) for i in range(10)))
-    r.add_argument("--trials", type=int, default=64)
-    r.add_argument("--batch", type=int, default=8)
-    r.add_argument("--oversample", type=int, default=8)
-    r.add_argument("--epsilon", type=float, default=0.1)
+    add_search_options(r, str(WORK / "results"), report=False)
     r.add_argument("--no-default", action="store_true", help="do not measure the rule-based default first")
-    r.add_argument("--results", default=str(WORK / "results"))
     r.add_argument("--force", action="store_true", help="rerun runs that have results")
     r.add_argument("--gbdt", default="", help="GBDTModel options (JSON) for tpe+gbdt: development variants")
     p = sub.add_parser("report", help="trials-to-5%% table with bootstrap intervals, and curves")
@@ -2454,14 +2476,7 @@ def main() -> None:
     )
     a.add_argument("--dev", default=DEV, help="extra development pools")
     a.add_argument("--overhead", default="softmax_large,mlp:g0", help="workloads of the overhead rounds")
-    a.add_argument("--seeds", default=",".join(str(i) for i in range(10)))
-    a.add_argument("--trials", type=int, default=64)
-    a.add_argument("--batch", type=int, default=8)
-    a.add_argument("--oversample", type=int, default=8)
-    a.add_argument("--epsilon", type=float, default=0.1)
-    a.add_argument("--results", default=str(WORK / "results"))
-    a.add_argument("--out", default=str(ROOT / "benchmarks"))
-    a.add_argument("--resamples", type=int, default=2000)
+    add_search_options(a, str(WORK / "results"))
     a.add_argument("--rounds", type=int, default=6)
     cc = sub.add_parser(
         "cold", help="the cold benchmark -> benchmarks/cost_model_cold.md (see COLD_CANDIDATES)"
@@ -2477,31 +2492,12 @@ def main() -> None:
         q.add_argument("--candidates", default=None, help="default: the set's candidates")
         q.add_argument("--dev", default=None, help="development candidates (default: the set's)")
         q.add_argument("--until", default="", help="stop measuring new candidates at this UTC time (HH:MM)")
-    cc.add_argument("--seeds", default=",".join(str(i) for i in range(10)))
-    cc.add_argument("--trials", type=int, default=64)
-    cc.add_argument("--batch", type=int, default=8)
-    cc.add_argument("--oversample", type=int, default=8)
-    cc.add_argument("--epsilon", type=float, default=0.1)
-    cc.add_argument("--results", default=None, help="default: <work>/results_cold[_mk|_rand]")
-    cc.add_argument("--out", default=str(ROOT / "benchmarks"))
-    cc.add_argument("--resamples", type=int, default=2000)
+    add_search_options(cc, None, help="default: <work>/results_cold[_mk|_rand]")
     cf = sub.add_parser(
         "cold-full", help="cold GBDT vs TPE + analytic on whole spaces -> benchmarks/cost_model_cold_full.md"
     )
-    cf.add_argument("--seeds", default=",".join(str(i) for i in range(10)))
-    cf.add_argument("--trials", type=int, default=64)
-    cf.add_argument("--batch", type=int, default=8)
-    cf.add_argument("--oversample", type=int, default=8)
-    cf.add_argument("--epsilon", type=float, default=0.1)
-    cf.add_argument("--results", default=str(WORK / "results_cold_full"))
-    cf.add_argument("--out", default=str(ROOT / "benchmarks"))
-    cf.add_argument("--resamples", type=int, default=2000)
+    add_search_options(cf, str(WORK / "results_cold_full"))
     args = ap.parse_args()
-    if (
-        args.cmd == "cold-full"
-    ):  # its own cache (see FULL_FIRST); the warm start learns from --cache's records
-        args.train_cache = args.cache
-        args.cache = f"sqlite:///{WORK / f'full_cache_{code_hash(MEASURE_CODE, RUNNER)}.db'}"
     WORK.mkdir(parents=True, exist_ok=True)
     commands = {"collect": collect, "run": run, "report": report, "heldout": heldout, "overhead": overhead}
     commands["devcv"] = devcv
