@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from compiler.builder import GraphBuilder
+from compiler.errors import KilnError, ScheduleError
 from compiler.target import Target
 from cost_model.evaluate import spearman
 from cost_model.features import FEATURE_VERSION
@@ -173,7 +174,83 @@ def test_refit_and_next_proposals_happen_in_the_background_while_measuring(db, b
     tuner.step(8)
     flt.wait()
     assert flt.model.fits == 2 and tuner.state.measured == 24
-    assert (flt.stats["deferred"] > 0) == background  # asked configs featurized later join the next pool
+
+
+def test_propose_mutation_share(db):
+    import random
+
+    from tuner.cost_filter import propose
+
+    task = _task()
+    best = task.default()
+    for share in (0.0, 1.0):
+        out = propose(task, [best], 12, random.Random(1), exclude={config_json(best)}, mutate=share)
+        near = sum(sum(c[k] != best[k] for k in c) <= 2 for c in out)
+        assert len(out) == 12 and all(_valid(task, c) for c in out)
+        assert near == 12 if share == 1.0 else near < 12
+    with pytest.raises(KilnError, match="mutate"):
+        propose(task, [best], 4, random.Random(1), exclude=set(), mutate=1.5)
+
+
+def test_mutations_use_the_last_batch_and_uniform_proposals_come_from_the_background(db, monkeypatch):
+    """The background step prepares only uniform proposals (it runs before the batch's latencies exist);
+    each round mutates, in line, the best configs including the last batch's."""
+    import tuner.cost_filter as cf
+
+    calls = []
+    original = cf.propose
+
+    def spy(task, best, n, rng, exclude, mutate=0.5):
+        calls.append(([dict(c) for c in best], mutate))
+        return original(task, best, n, rng, exclude, mutate)
+
+    monkeypatch.setattr(cf, "propose", spy)
+    task = _task()
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    measurer = Measurer(builder="simulated", runner=SimulatedRunner(_latency), target=CPU)
+    flt, asks = make_candidate_filter("analytic", db, CPU, seed=0, oversample=4, background=True)
+    tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, flt, asks)
+    for _ in range(2):
+        tuner.step(8)
+        flt.wait()
+    records = db.find_records(task.workload_key, CPU.key)  # rounds 1 and 2
+    best = min(float(r.median_us) for r in records if r.median_us)
+    tuner.step(8)
+    flt.wait()
+    assert len(calls) == 6  # per round: in line, then the background step
+    assert calls[0][1] == 0.5  # the first round has nothing prepared: half mutations (of nothing yet)
+    assert all(not b for b, _ in calls[1::2])  # the background proposes uniform configs only
+    inline = calls[2::2]
+    assert all(m == 1.0 and b for b, m in inline)  # later rounds mutate in line...
+    assert _latency(task, inline[-1][0][0]) == best  # ...the best including the last batch's records
+
+
+def test_asked_configs_are_ranked_in_the_round_that_asked_them(db):
+    """Optuna's asked configs are featurized in line (not deferred to the next round's pool), so the model
+    can pick them in the round TPE proposed them, background step or not."""
+    task = _task()
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    measurer = Measurer(builder="simulated", runner=SimulatedRunner(_latency), target=CPU)
+    flt, asks = make_candidate_filter("analytic", db, CPU, seed=0, oversample=4, background=True)
+    asked_rounds: list[list[dict]] = []
+
+    def spy(t, configs, batch):
+        asked_rounds.append([dict(c) for c in configs])
+        picks = flt(t, configs, batch)
+        # before the background step can touch anything: every valid asked config has its features
+        for c in asked_rounds[-1]:
+            try:
+                t.check(c)
+            except (ScheduleError, KilnError):
+                continue
+            assert flt.extractor.peek(flt.extractor.key(t.group, t.target, c, t.sketch.name))[0]
+        return picks
+
+    tuner = TaskTuner(task, db, measurer, "tpe", 0, None, None, spy, asks)
+    for _ in range(3):
+        tuner.step(8)
+    flt.wait()
+    assert len(asked_rounds) == 3 and all(asked_rounds)
 
 
 def test_warm_start_learns_other_workloads_records_and_caches_features(db):
