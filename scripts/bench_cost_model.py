@@ -683,10 +683,10 @@ def warm_records(cache: MeasureCache, db: TuningDatabase, exclude: set[str]) -> 
 def run_extractor(shared):
     """A fresh FeatureExtractor for one run whose misses are answered by ``shared`` (every candidate is
     lowered once for all runs). The run knows only what it featurized itself, as a new `kiln tune` process
-    does: the cost filter defers the asked configs it has not featurized yet to the next round and orders
-    its training rows by what it knows, so with ``shared`` itself a run would depend on the runs before it
-    in the process (found at stop 31: 47 of 180 live runs of cold-full picked differently once other runs
-    came first)."""
+    does: the cost filter orders its training rows by what its extractor knows (and until stop 32 deferred
+    the asked configs it had not featurized yet to the next round), so with ``shared`` itself a run would
+    depend on the runs before it in the process (found at stop 31: 47 of 180 live runs of cold-full picked
+    differently once other runs came first)."""
     from cost_model.features import FeatureExtractor
 
     class RunExtractor(FeatureExtractor):
@@ -1069,14 +1069,14 @@ def report(args: argparse.Namespace) -> None:
     if whole:
         print(
             "\n(Seconds of these live runs: the learning and ranking on the critical path; the background "
-            "step (refit, next proposals) runs while the round measures, and `waiting` is the part of it "
-            "that outlasted the measuring.)"
+            "step (refit, the next round's uniform proposals) runs while the round measures, and `waiting` "
+            "is the part of it that outlasted the measuring.)"
         )
     else:
         print(
             "\n(Seconds of the replays, where measuring costs nothing: the learning and ranking on the "
-            "critical path; the background step (refit, next proposals) runs while a real round measures, "
-            "see Overhead in benchmarks/cost_model.md.)"
+            "critical path; the background step (refit, the next round's uniform proposals) runs while a "
+            "real round measures, see Overhead in benchmarks/cost_model.md.)"
         )
     inv = {
         m: sum(r["invalid_screened"] for r in runs if r["method"] == m)
@@ -1575,9 +1575,9 @@ def overhead(args: argparse.Namespace) -> None:
         "\nMedians over the rounds after the first (which starts the build and run workers). The cost "
         "model's share: its seconds on the round's critical path (learning the new records, featurizing "
         "and ranking the pool, waiting for the background step) plus the Optuna/database seconds beyond TPE "
-        "alone's, over the measurement's. The background step (refit, the next round's proposals and their "
-        "features) runs in a thread while the batch is measured (the runner's kernels use one core of the "
-        "two).\n"
+        "alone's, over the measurement's. The background step (refit, the next round's uniform proposals "
+        "and their features) runs in a thread while the batch is measured (the runner's kernels use one "
+        "core of the two).\n"
         "\n| workload | method | rounds | measure s/round | cost model s/round | Optuna + db s/round | "
         "(cost model + extra Optuna) / measure |"
     )
