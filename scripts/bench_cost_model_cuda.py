@@ -1,0 +1,296 @@
+"""The cost model on a GPU (issue 18, item 4: "features for CUDA as they land"): measured CUDA data, and
+whether the GBDT learned on it ranks held-out CUDA workloads better than the analytic prior.
+
+    python scripts/bench_cost_model_cuda.py collect --db sqlite:///$OUT/cm_cuda.db      (on a GPU)
+    python scripts/bench_cost_model_cuda.py heldout --db sqlite:///cm_cuda.db \\
+        --report benchmarks/cost_model_cuda.md                                           (anywhere)
+
+collect: the workloads are ``random_workload(k)`` of scripts/bench_cost_model.py for k = FIRST, FIRST+1, ...
+(kinds in turn: pointwise, reduction, contraction; a range no CPU set uses), fixed here before anything of
+them was measured. Each gets a TenSet pool: POOL distinct valid configs drawn uniformly from its whole CUDA
+space (seed k) plus the sketch's default, built with NVRTC and checked and timed by Kiln's cuda ``local``
+runner (CUDA events, L2 written over before each sample of a memory-bound kernel), and committed to the
+tuning database as ordinary records. The registers per thread each build reported (cuFuncGetAttribute,
+largest over the candidate's kernels) go to ``<db file>.regs.json`` beside it. Workloads are measured in
+index order until ``--budget-s`` is spent, so a cut keeps whole pools and the kinds in turn.
+
+heldout: the workloads with ``(k - FIRST) // 3 % 3 == 0`` (one of each kind in every nine: HELD_OUT) are
+held out, by this rule fixed before measuring. The rest are the development set: leave-one-workload-out
+cross-validation of each model there, then every model is trained on the whole development set and scores
+each held-out workload's pool once. Metrics as TenSet's (cost_model/evaluate.py): top-k = best latency of
+the pool / best latency among the model's k highest scores, weighted by workload (each pool counts once).
+Features use the registers the build reported; the same is also shown with estimated registers (what
+``kiln tune`` does today: it does not pass the build's count to the features).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from compiler.target import Target
+from cost_model.dataset import Dataset, target_of
+from cost_model.evaluate import EvalResult, WorkloadScore, cross_validate, spearman, top_k_score
+from cost_model.features import N_FEATURES, FeatureExtractor
+from cost_model.model import create_model
+from db.database import RecordIn, TuningDatabase
+from db.status import Status
+from scripts.bench_common import cpu_name, git_commit
+from scripts.bench_cost_model import command_line, random_workload, uniform_pool
+from tuner.space import config_json
+from tuner.task import Task, extract_tasks
+
+# random_workload indices from 7000 (the CPU sets use 0-23, 1000-1008, 2000-2089, 3000-3011, 4000.., 5000..)
+FIRST = 7000
+COUNT = 72  # at most; collect stops earlier when its budget is spent
+POOL = 32  # uniform configs per workload (+ the default)
+MODELS = {"analytic prior": ("analytic", {}), "GBDT": ("gbdt", {})}
+
+
+def held_out(k: int) -> bool:
+    """The held-out rule, fixed before measuring: one workload of each kind in every nine."""
+    return (k - FIRST) // 3 % 3 == 0
+
+
+def workload_task(k: int, target: Target) -> Task:
+    return extract_tasks(random_workload(k), target)[0]
+
+
+# ------------------------------------------------------------------------------------------------ collect
+def collect(args: argparse.Namespace) -> None:
+    from tuner.measure import MeasureInput, Measurer
+
+    target = Target.parse("cuda")
+    db = TuningDatabase.open(args.db)
+    db.commit_target(target.key, target.to_json())
+    regs_path = Path(_db_file(args.db) + ".regs.json")
+    regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
+    cupy = {"cupy_module": args.cupy_module} if args.cupy_module else {}
+    m = Measurer(
+        "local",
+        "local",
+        target,
+        {"workers": args.workers, **cupy},
+        {"repeats": args.repeats, "sample_ms": args.sample_ms, "warmup_ms": 1.0, **cupy},
+    )
+    t0 = time.monotonic()
+    print(f"target {target.key}; pools of {args.pool} + default; budget {args.budget_s:.0f} s", flush=True)
+    try:
+        for k in range(args.first, args.first + args.count):
+            if time.monotonic() - t0 > args.budget_s:
+                print(f"budget spent before rand{k}", flush=True)
+                break
+            t1 = time.monotonic()
+            task = workload_task(k, target)
+            db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+            known = {config_json(r.config) for r in db.find_records(task.workload_key, target.key)}
+            configs = {config_json(c): c for c in [task.default(), *uniform_pool(task, args.pool, k)]}
+            todo = [c for key, c in configs.items() if key not in known]
+            inputs = [MeasureInput(task, c) for c in todo]
+            builds = m.builder.build(inputs)
+            ok = [i for i, b in enumerate(builds) if b.status == Status.OK]
+            runs = dict(zip(ok, m.runner.run([inputs[i] for i in ok], [builds[i] for i in ok])))
+            m.builder.release(builds)
+            recs = []
+            wl_regs = regs.setdefault(task.workload_key, {})
+            for i, (c, b) in enumerate(zip(todo, builds)):
+                r = runs.get(i)
+                status, lat, err = (r.status, r.latencies_us, r.error) if r else (b.status, None, b.error)
+                if status != Status.OK:
+                    lat = None
+                recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
+                                     lat, status, (err or "")[:2000] or None))  # fmt: skip
+                n_regs = [int(kn["num_regs"]) for kn in (b.info or {}).get("kernels", []) if "num_regs" in kn]
+                if n_regs:
+                    wl_regs[config_json(c)] = max(n_regs)
+            db.commit_records(recs)
+            regs_path.write_text(json.dumps(regs))
+            by: dict[str, int] = {}
+            for r in recs:
+                by[str(r.status)] = by.get(str(r.status), 0) + 1
+            lats = [float(np.median(r.latencies_us)) for r in recs if r.latencies_us]
+            span = f"best {min(lats):.1f} us, worst {max(lats):.1f} us" if lats else "nothing ok"
+            role = "held out" if held_out(k) else "dev"
+            print(f"rand{k} {task.kind} {role}: {len(recs)} measured {dict(sorted(by.items()))}, {span} "
+                  f"({time.monotonic() - t1:.1f} s)", flush=True)  # fmt: skip
+    finally:
+        m.close()
+
+
+def _db_file(url: str) -> str:
+    if not url.startswith("sqlite:///"):
+        raise SystemExit(f"--db {url!r}: a sqlite:/// URL (the registers' sidecar file sits beside it)")
+    return url.removeprefix("sqlite:///")
+
+
+# ------------------------------------------------------------------------------------------------ heldout
+def dataset(db: Any, target_key: str, regs: dict[str, dict[str, int]], reported: bool) -> Dataset:
+    """Every measured record of ``target_key`` with features (registers as the build reported them when
+    ``reported``), failures kept with latency nan as in cost_model/dataset.py."""
+    from compiler.backends import get_sketch
+    from compiler.fusion import group_from_workload
+    from cost_model.dataset import record_latency
+
+    target = target_of(db, target_key)
+    ex = FeatureExtractor()
+    xs, lats, wls, ids, kinds = [], [], [], [], {}
+    groups: dict[str, Any] = {}
+    for r in db.find_records(None, target_key):
+        if Status(r.status) == Status.INVALID_CONFIG:
+            continue
+        if r.workload_key not in groups:
+            groups[r.workload_key] = group_from_workload(db.workload_canonical(r.workload_key))
+        group = groups[r.workload_key]
+        sketch = get_sketch(r.sketch, target)
+        if sketch.version != r.sketch_version:
+            continue
+        n = regs.get(r.workload_key, {}).get(config_json(r.config)) if reported else None
+        vec = ex.get(group, target, dict(r.config), r.sketch, registers=n)
+        if vec is None:
+            continue
+        xs.append(vec)
+        lats.append(record_latency(r))
+        wls.append(r.workload_key)
+        ids.append(r.id)
+        kinds[r.workload_key] = group.kind
+    x = np.asarray(xs, dtype=np.float32).reshape(len(xs), N_FEATURES)
+    return Dataset(x, np.asarray(lats, dtype=np.float64), wls, ids, kinds)
+
+
+def subset(data: Dataset, keep: set[str]) -> Dataset:
+    rows = [i for i, w in enumerate(data.workloads) if w in keep]
+    return Dataset(
+        data.x[rows],
+        data.latencies[rows],
+        [data.workloads[i] for i in rows],
+        [data.record_ids[i] for i in rows],
+        {w: k for w, k in data.kinds.items() if w in keep},
+    )
+
+
+def score_heldout(dev: Dataset, held: Dataset, name: str, make) -> EvalResult:
+    """Train ``make()`` on every development record, score each held-out pool once."""
+    model = make()
+    model.update(dev.x, dev.latencies, list(dev.workloads))
+    res = EvalResult(name, "trained on the development set")
+    wl = np.asarray(held.workloads)
+    for w in sorted(set(held.workloads)):
+        rows = np.flatnonzero(wl == w)
+        lat = held.latencies[rows]
+        if np.isfinite(lat).sum() < 5:
+            continue
+        s = np.asarray(model.predict(held.x[rows]), dtype=np.float64)
+        n_ok = int(np.isfinite(lat).sum())
+        top1, top5 = top_k_score(s, lat, 1), top_k_score(s, lat, 5)
+        res.rows.append(WorkloadScore(w, held.kinds.get(w, "?"), n_ok, spearman(s, lat), top1, top5))
+    res.rows.sort(key=lambda r: (r.kind, r.workload))
+    return res
+
+
+def heldout(args: argparse.Namespace) -> None:
+    db = TuningDatabase.open(args.db)
+    regs_path = Path(_db_file(args.db) + ".regs.json")
+    regs = json.loads(regs_path.read_text()) if regs_path.exists() else {}
+    keys = [t for t in db.target_keys() if t.startswith("cuda/")] if hasattr(db, "target_keys") else []
+    target_key = args.target or (keys[0] if len(keys) == 1 else None)
+    if target_key is None:
+        raise SystemExit(f"{args.db}: name the CUDA target with --target (the database has {keys or 'none'})")
+    target = target_of(db, target_key)
+    index = {workload_task(k, target).workload_key: k for k in range(FIRST, FIRST + COUNT)}
+    lines: list[str] = []
+
+    def out(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    out("# Cost model on CUDA: held-out ranking (GPU measurements)")
+    out()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out(f"Generated by one command: `{command_line()}` ({when}; git {git_commit()}; analysed on {cpu_name()})"
+        f". Data: `scripts/bench_cost_model_cuda.py collect` on the GPU of target `{target_key}` (see the "
+        "module docstring for the protocol).")  # fmt: skip
+    for reported in (True, False):
+        data = dataset(db, target_key, regs, reported)
+        known = [w for w in dict.fromkeys(data.workloads) if w in index]
+        dev = subset(data, {w for w in known if not held_out(index[w])})
+        held = subset(data, {w for w in known if held_out(index[w])})
+        n_ok = int(np.isfinite(data.latencies).sum())
+        out()
+        how = "as the build reported them" if reported else "estimated (as kiln tune ranks today)"
+        out(f"## Registers {how}")
+        out()
+        n_dev, n_held = len(set(dev.workloads)), len(set(held.workloads))
+        out(f"{len(known)} workloads ({n_dev} development, {n_held} held out), {len(data)} records with "
+            f"features, {n_ok} ok.")  # fmt: skip
+        results = []
+        for name, (kind, opts) in MODELS.items():
+            def make(kind=kind, opts=opts):
+                return create_model(kind, **opts)
+
+            cv = cross_validate(dev, make, name) if len(set(dev.workloads)) > 1 else EvalResult(name, "none")
+            ho = score_heldout(dev, held, name, make)
+            results.append((name, cv, ho))
+        out()
+        out("| model | dev CV top-1 | dev CV top-5 | dev CV Spearman | held-out top-1 | held-out top-5 | "
+            "held-out Spearman |")  # fmt: skip
+        out("|---|---:|---:|---:|---:|---:|---:|")
+        for name, cv, ho in results:
+            out(f"| {name} | {cv.mean('top1'):.3f} | {cv.mean('top5'):.3f} | {cv.mean('spearman'):.3f} | "
+                f"{ho.mean('top1'):.3f} | {ho.mean('top5'):.3f} | {ho.mean('spearman'):.3f} |")  # fmt: skip
+        out()
+        out("Held-out workloads, one pool each (top-1 / top-5 per model):")
+        out()
+        out("| workload | kind | ok configs | " + " | ".join(n for n, _, _ in results) + " |")
+        out("|---|---|---:|" + "---:|" * len(results))
+        by = [{r.workload: r for r in ho.rows} for _, _, ho in results]
+        for r in results[0][2].rows:
+            cells = [f"{b[r.workload].top1:.3f} / {b[r.workload].top5:.3f}" for b in by if r.workload in b]
+            out(f"| rand{index[r.workload]} | {r.kind} | {r.n} | " + " | ".join(cells) + " |")
+        prior, gbdt = results[0][2], results[1][2]
+        verdict = all(
+            not math.isnan(v) for v in (gbdt.mean("top5"), prior.mean("top5"))
+        ) and round(gbdt.mean("top5"), 3) > round(prior.mean("top5"), 3)
+        out()
+        out(f"- held-out top-5 >= 0.92: **{'met' if gbdt.mean('top5') >= 0.92 else 'not met'}** "
+            f"(GBDT {gbdt.mean('top5'):.3f})")  # fmt: skip
+        better = "met" if verdict else "not met"
+        out(f"- better than the analytic prior alone (top-5, 3 decimals): **{better}**"
+            f" (GBDT {gbdt.mean('top5'):.3f} vs prior {prior.mean('top5'):.3f}; top-1 {gbdt.mean('top1'):.3f}"
+            f" vs {prior.mean('top1'):.3f})")  # fmt: skip
+    if args.report:
+        Path(args.report).write_text("\n".join(lines) + "\n")
+        print(f"wrote {args.report}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="measure the CUDA pools (needs a GPU, or --cupy-module for a dry run)")
+    c.add_argument("--db", required=True, help="sqlite:///FILE (the registers go to FILE.regs.json)")
+    c.add_argument("--first", type=int, default=FIRST)
+    c.add_argument("--count", type=int, default=COUNT)
+    c.add_argument("--pool", type=int, default=POOL)
+    c.add_argument("--budget-s", type=float, default=240.0, help="no new workload is started after this")
+    c.add_argument("--workers", type=int, default=12, help="NVRTC build processes")
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--sample-ms", type=float, default=1.0)
+    c.add_argument("--cupy-module", default=None, help="a simulated CuPy, for a dry run without a GPU")
+    h = sub.add_parser("heldout", help="score the GBDT and the prior on the held-out CUDA workloads")
+    h.add_argument("--db", required=True)
+    h.add_argument("--target", default=None, help="the CUDA target key (default: the database's only one)")
+    h.add_argument("--report", default=None)
+    args = p.parse_args(argv)
+    {"collect": collect, "heldout": heldout}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
