@@ -29,6 +29,8 @@ every workload, so a run cut short keeps what it measured.
     python scripts/bench_gpu.py --out benchmarks/gpu.md --json $OUT/bench_gpu.json
     python scripts/bench_gpu.py --dry-run      # no GPU: build everything, time nothing
     python scripts/bench_gpu.py --models encoder_layer --db sqlite:///tune.db   # also Kiln with tuned records
+    python scripts/bench_gpu.py --render bench.json --rounds 3 --out benchmarks/gpu.md   # the table of a
+        # JSON a GPU run wrote (anywhere; --iters/--rounds/--ran say how that run measured)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -502,7 +505,7 @@ class Report:
             Path(self.js).write_text(json.dumps(data, indent=2))
 
 
-def header(device: str, ceil: dict, args: argparse.Namespace) -> str:
+def header(device: str, ceil: dict, args: argparse.Namespace, when: str | None = None) -> str:
     def fig(key: str, unit: str) -> str:
         v = ceil.get(key)
         if isinstance(v, (int, float)):
@@ -510,7 +513,7 @@ def header(device: str, ceil: dict, args: argparse.Namespace) -> str:
         return v.cell() if isinstance(v, Failed) else "not measured"
 
     return (
-        f"{device}, {datetime.date.today().isoformat()}. Ceilings measured in this run: device copy "
+        f"{device}, {when or datetime.date.today().isoformat()}. Ceilings measured in this run: device copy "
         f"{fig('copy_gbs', 'GB/s')} (read + write), cuBLAS 4096^3 SGEMM (TF32 off) "
         f"{fig('sgemm_tflops', 'TFLOP/s')}, "
         f"TF32 {fig('tf32_tflops', 'TFLOP/s')}, FP16 {fig('fp16_tflops', 'TFLOP/s')}. Cells: kernel / wall "
@@ -537,10 +540,14 @@ def main() -> int:
     ap.add_argument("--out", help="write the markdown report here (after every workload)")
     ap.add_argument("--json", help="write raw results here (after every workload)")
     ap.add_argument("--dry-run", action="store_true", help="build Kiln models and torch graphs, time nothing")
+    ap.add_argument("--render", metavar="JSON", help="the markdown of a GPU run's --json (no GPU needed)")
+    ap.add_argument("--ran", default="", help="with --render: the run's command and date, for the header")
     ap.add_argument(
         "--db", help="tuning database URL: also time Kiln compiled with its records ('kiln tuned'), read only"
     )
     args = ap.parse_args()
+    if args.render:
+        return render(args)
     with contextlib.ExitStack() as stack:
         db = None
         if args.db:
@@ -548,6 +555,22 @@ def main() -> int:
 
             db = stack.enter_context(TuningDatabase.open(args.db, create=False))
         return run(args, db)
+
+
+def render(args: argparse.Namespace) -> int:
+    """The report of a JSON written by ``--json`` (a GPU run), rendered where no GPU is needed."""
+    try:
+        data = json.loads(Path(args.render).read_text())
+        device, ceil, entries = data["device"], data["ceilings"], data["results"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"bench_gpu --render {args.render}: not a bench_gpu --json file ({exc})") from exc
+    text = header(device, ceil, args, when="measured by " + (args.ran or "a GPU run")).split(" Command: ")[0]
+    text += f" Rendered from that run's JSON by `python scripts/bench_gpu.py {shlex.join(sys.argv[1:])}`."
+    report = Report(text, ceil, args.out, None, device)
+    for name, entry in entries.items():
+        report.add(name, entry)
+    print(f"# GPU benchmark\n\n{report.header}\n\n{report.table()}")
+    return 0
 
 
 def selected(args: argparse.Namespace) -> dict[str, Any]:

@@ -202,3 +202,27 @@ def test_dry_run_builds_the_tensor_core_gemms_with_the_tensorcore_sketch(monkeyp
     out = capsys.readouterr().out
     assert "hgemm_4096: 1 kernels" in out and "tf32_gemm_4096: 1 kernels" in out
     assert out.count("sketches tensorcore") == 2
+
+
+def test_render_rewrites_a_runs_table_from_its_json(tmp_path, monkeypatch, capsys):
+    md, js = tmp_path / "gpu.md", tmp_path / "gpu.json"
+    report = B.Report("head", {"copy_gbs": 1000.0}, str(md), str(js), "Fake GPU (sm_90)")
+    report.add("a", entry(kiln=ok(10.0)))
+    report.add("b", entry(kiln=B.Failed("time", "RuntimeError: launch failed")))
+    out = tmp_path / "rendered.md"
+    argv = ["bench_gpu.py", "--render", str(js), "--rounds", "3", "--ran", "the run (today)"]
+    argv += ["--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    assert B.main() == 0
+    table = md.read_text().split("\n\n", 2)[2]
+    assert out.read_text().endswith(table)  # the same rows, cell for cell
+    assert "Fake GPU (sm_90), measured by the run (today)" in out.read_text()
+    assert "Rendered from that run's JSON by `python scripts/bench_gpu.py --render" in capsys.readouterr().out
+
+
+def test_render_names_a_file_that_is_not_a_runs_json(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    monkeypatch.setattr("sys.argv", ["bench_gpu.py", "--render", str(bad)])
+    with pytest.raises(SystemExit, match=r"bad\.json: not a bench_gpu --json file"):
+        B.main()
