@@ -214,6 +214,35 @@ def paired_interval(a: EvalResult, b: EvalResult, metric: str) -> tuple[float, f
     return float(ci.low), float(ci.high)
 
 
+def default_vs_best(sources, target: Target, target_key: str, index: dict[str, int], out) -> None:
+    """Not a cost-model figure: how far the rule-based default is from the best config of its pool, by kind
+    (every workload whose default was measured, development and held out)."""
+    lat: dict[str, dict[str, float]] = {}
+    for db, _ in sources:
+        for r in db.find_records(None, target_key):
+            if r.median_us is not None and Status(r.status) == Status.OK:
+                lat.setdefault(r.workload_key, {})[config_json(r.config)] = float(r.median_us)
+    ratios: dict[str, list[float]] = {}
+    for key, k in sorted(index.items(), key=lambda kv: kv[1]):
+        task = workload_task(k, target)
+        pool = lat.get(key, {})
+        d = pool.get(config_json(task.default()))
+        if d is not None:
+            ratios.setdefault(task.kind, []).append(d / min(pool.values()))
+    out()
+    out("## The rule-based default against its pool's best")
+    out()
+    out("Not a cost-model figure: the default's latency over the best of its pool (the default and 32 "
+        "uniform configs), per workload.")  # fmt: skip
+    out()
+    out("| kind | workloads | median | p75 | max | default within 5% of the pool's best |")
+    out("|---|---:|---:|---:|---:|---:|")
+    for kind, r in sorted(ratios.items()):
+        q = np.percentile(r, [50, 75, 100])
+        near = sum(x <= 1.05 for x in r)
+        out(f"| {kind} | {len(r)} | {q[0]:.2f} | {q[1]:.2f} | {q[2]:.2f} | {near} of {len(r)} |")
+
+
 def heldout(args: argparse.Namespace) -> None:
     sources = []
     for url in args.db:
@@ -313,6 +342,7 @@ def heldout(args: argparse.Namespace) -> None:
             f" (GBDT {gbdt.mean('top5'):.3f} vs prior {prior.mean('top5'):.3f}; top-1 {gbdt.mean('top1'):.3f}"
             f" vs {prior.mean('top1'):.3f}; GBDT - prior top-5 per held-out workload: mean "
             f"{gbdt.mean('top5') - prior.mean('top5'):+.3f}, bootstrap 90% interval {lo:+.3f} to {hi:+.3f})")
+    default_vs_best(sources, target, target_key, index, out)
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")
         print(f"wrote {args.report}")

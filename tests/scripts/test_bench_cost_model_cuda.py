@@ -9,6 +9,7 @@ from db.database import RecordIn, TuningDatabase
 from db.status import Status
 from scripts import bench_cost_model as cpu_bench
 from scripts import bench_cost_model_cuda as cuda_bench
+from tuner.space import config_json
 
 
 def test_held_out_rule_takes_one_of_each_kind_in_every_nine():
@@ -42,7 +43,8 @@ def test_heldout_scores_each_pool_and_a_perfect_prior_ranks_first(tmp_path, caps
             task = cuda_bench.workload_task(k, target)
             db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
             recs = []
-            for c in cuda_bench.uniform_pool(task, 7, k):
+            pool = {config_json(c): c for c in [task.default(), *cuda_bench.uniform_pool(task, 7, k)]}
+            for c in pool.values():
                 est = float(ex.get(task.group, target, c, task.sketch.name)[EST_INDEX])
                 lat = float(2.0**est) / 1e3
                 recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
@@ -61,6 +63,8 @@ def test_heldout_scores_each_pool_and_a_perfect_prior_ranks_first(tmp_path, caps
     for k in (7000, 7001, 7002):
         assert f"| rand{k} |" in text
     assert not np.isnan(float(cells[5]))
+    for kind in ("contraction", "pointwise", "reduction"):  # the defaults against their pools, 3 of each kind
+        assert any(line.startswith(f"| {kind} | 3 |") for line in text.splitlines())
     capsys.readouterr()
 
 
