@@ -1613,7 +1613,7 @@ def overhead(args: argparse.Namespace) -> None:
             "\n- cost model (ranking, learning, asking) < 10% of the round's measurement time with the "
             "database `kiln tune` uses: "
             f"{'**met**' if ok else '**not met**'} ("
-            + ", ".join(f"{LABEL[m]} {v:.0%}" for m, v in shares.items())
+            + ", ".join(f"{LABEL[m]} {v:.1%}" for m, v in shares.items())
             + ", all rounds after the first)"
         )
 
