@@ -43,6 +43,18 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.latencies)
 
+    def only(self, workloads: Iterable[str]) -> Dataset:
+        """The rows of ``workloads`` (in this dataset's order)."""
+        keep = set(workloads)
+        rows = [i for i, w in enumerate(self.workloads) if w in keep]
+        return Dataset(
+            self.x[rows],
+            self.latencies[rows],
+            [self.workloads[i] for i in rows],
+            [self.record_ids[i] for i in rows],
+            {w: k for w, k in self.kinds.items() if w in keep},
+        )
+
 
 def target_of(db: Any, target_key: str) -> Target:
     """The target a database's records were measured on (its stored description, else the key)."""
@@ -88,10 +100,14 @@ def load_dataset(
     records: list[Any] | None = None,
     cache: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    registers: Callable[[Any], int | None] | None = None,
 ) -> Dataset:
     """Every usable record of ``target_key`` (of ``workloads`` if given) with its features; see the module
     docstring. ``records`` skips the database query; ``cache=False`` neither reads nor writes cached
-    features."""
+    features. ``registers(record)``: the registers per thread a CUDA build reported for the record's config
+    (None when unknown); the features are then computed with them, never read from or written to the
+    cache (its vectors hold estimated counts)."""
+    cache = cache and registers is None
     extractor = extractor or FeatureExtractor()
     groups = groups or GroupCache(db)
     target = target_of(db, target_key)
@@ -120,7 +136,8 @@ def load_dataset(
                 continue
             if sketch.version != r.sketch_version:
                 continue
-            vec = extractor.get(group, target, dict(r.config), r.sketch)
+            n_regs = registers(r) if registers is not None else None
+            vec = extractor.get(group, target, dict(r.config), r.sketch, registers=n_regs)
             if vec is None:
                 continue
             computed += 1

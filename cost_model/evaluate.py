@@ -91,25 +91,48 @@ def cross_validate(
         model = make()
         if train.any():
             model.update(data.x[train], data.latencies[train], list(wl[train]))
-        for w in held:
-            rows = np.flatnonzero(wl == w)
-            lat = data.latencies[rows]
-            if np.isfinite(lat).sum() < min_ok:
-                continue
-            scores = np.asarray(model.predict(data.x[rows]), dtype=np.float64)
-            result.predictions[w] = (scores, lat)
-            result.rows.append(
-                WorkloadScore(
-                    w,
-                    data.kinds.get(w, "?"),
-                    int(np.isfinite(lat).sum()),
-                    spearman(scores, lat),
-                    top_k_score(scores, lat, 1),
-                    top_k_score(scores, lat, 5),
-                )
-            )
+        score_pools(model, data, held, result, min_ok)
     result.rows.sort(key=lambda r: (r.kind, r.workload))
     return result
+
+
+def train_and_score(
+    train: Dataset, test: Dataset, make: Callable[[], CostModel], name: str, min_ok: int = 5
+) -> EvalResult:
+    """Train ``make()`` on every record of ``train``, then score each workload of ``test`` once (a fixed
+    held-out set rather than folds)."""
+    model = make()
+    if len(train):
+        model.update(train.x, train.latencies, list(train.workloads))
+    result = EvalResult(name, "trained on a separate set")
+    score_pools(model, test, sorted(set(test.workloads)), result, min_ok)
+    result.rows.sort(key=lambda r: (r.kind, r.workload))
+    return result
+
+
+def score_pools(
+    model: CostModel, data: Dataset, workloads: list[str], result: EvalResult, min_ok: int
+) -> None:
+    """Add ``model``'s scores of each workload's records in ``data`` to ``result`` (rows and predictions);
+    workloads with fewer than ``min_ok`` ok records are left out."""
+    wl = np.asarray(data.workloads)
+    for w in workloads:
+        rows = np.flatnonzero(wl == w)
+        lat = data.latencies[rows]
+        if np.isfinite(lat).sum() < min_ok:
+            continue
+        scores = np.asarray(model.predict(data.x[rows]), dtype=np.float64)
+        result.predictions[w] = (scores, lat)
+        result.rows.append(
+            WorkloadScore(
+                w,
+                data.kinds.get(w, "?"),
+                int(np.isfinite(lat).sum()),
+                spearman(scores, lat),
+                top_k_score(scores, lat, 1),
+                top_k_score(scores, lat, 5),
+            )
+        )
 
 
 def plot(results: list[EvalResult], path: str | Path, title: str = "") -> Path:

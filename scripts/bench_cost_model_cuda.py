@@ -31,6 +31,7 @@ import math
 import shlex
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.target import Target
-from cost_model.dataset import Dataset, target_of
-from cost_model.evaluate import EvalResult, WorkloadScore, cross_validate, spearman, top_k_score
-from cost_model.features import N_FEATURES, FeatureExtractor
+from cost_model.dataset import Dataset, load_dataset, target_of
+from cost_model.evaluate import EvalResult, cross_validate, train_and_score
+from cost_model.features import FeatureExtractor
 from cost_model.model import create_model
 from db.database import RecordIn, TuningDatabase
 from db.status import Status
 from scripts.bench_common import cpu_name, git_commit
-from scripts.bench_cost_model import random_workload, uniform_pool
+from scripts.bench_cost_model import higher, random_workload, uniform_pool
 from tuner.space import config_json
 from tuner.task import Task, extract_tasks
 
@@ -84,6 +85,7 @@ def collect(args: argparse.Namespace) -> None:
         {"repeats": args.repeats, "sample_ms": args.sample_ms, "warmup_ms": 1.0, **cupy},
     )
     t0 = time.monotonic()
+    n_workloads = n_ok = 0
     print(f"target {target.key}; pools of {args.pool} + default; budget {args.budget_s:.0f} s", flush=True)
     try:
         for k in range(args.first, args.first + args.count):
@@ -106,8 +108,6 @@ def collect(args: argparse.Namespace) -> None:
             for i, (c, b) in enumerate(zip(todo, builds)):
                 r = runs.get(i)
                 status, lat, err = (r.status, r.latencies_us, r.error) if r else (b.status, None, b.error)
-                if status != Status.OK:
-                    lat = None
                 recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
                                      lat, status, (err or "")[:2000] or None))  # fmt: skip
                 n_regs = [int(kn["num_regs"]) for kn in (b.info or {}).get("kernels", []) if "num_regs" in kn]
@@ -115,9 +115,8 @@ def collect(args: argparse.Namespace) -> None:
                     wl_regs[config_json(c)] = max(n_regs)
             db.commit_records(recs)
             regs_path.write_text(json.dumps(regs))
-            by: dict[str, int] = {}
-            for r in recs:
-                by[str(r.status)] = by.get(str(r.status), 0) + 1
+            by = Counter(str(r.status) for r in recs)
+            n_workloads, n_ok = n_workloads + 1, n_ok + by["ok"]
             lats = [float(np.median(r.latencies_us)) for r in recs if r.latencies_us]
             span = f"best {min(lats):.1f} us, worst {max(lats):.1f} us" if lats else "nothing ok"
             role = "held out" if held_out(k) else "dev"
@@ -125,6 +124,7 @@ def collect(args: argparse.Namespace) -> None:
                   f"({time.monotonic() - t1:.1f} s)", flush=True)  # fmt: skip
     finally:
         m.close()
+        print(f"collected: {n_workloads} workloads, {n_ok} ok configs", flush=True)
 
 
 def _db_file(url: str) -> str:
@@ -134,69 +134,42 @@ def _db_file(url: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ heldout
-def dataset(sources: list[tuple[Any, dict]], target_key: str, reported: bool) -> Dataset:
-    """Every measured record of ``target_key`` in the (database, registers) ``sources`` with features
-    (registers as the build reported them when ``reported``), failures kept with latency nan as in
-    cost_model/dataset.py."""
-    from compiler.backends import get_sketch
-    from compiler.fusion import group_from_workload
-    from cost_model.dataset import record_latency
+class Source:
+    """One collected database: its records of the target and the registers its builds reported."""
 
-    target = target_of(sources[0][0], target_key)
+    def __init__(self, url: str) -> None:
+        path = Path(_db_file(url))
+        if not path.is_file():
+            raise SystemExit(f"--db {url}: no such database file")
+        regs_path = Path(f"{path}.regs.json")
+        self.path = path
+        self.db = TuningDatabase.open(url)
+        self.regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
+        self.records: list[Any] = []
+
+    def load(self, target_key: str) -> None:
+        self.records = self.db.find_records(None, target_key)
+
+    def reported(self, record: Any) -> int | None:
+        return self.regs.get(record.workload_key, {}).get(config_json(record.config))
+
+
+def dataset(sources: list[Source], target_key: str, reported: bool) -> Dataset:
+    """Every usable record of the sources with features (cost_model/dataset.py's rules), the registers as the
+    builds reported them when ``reported``, else estimated."""
     ex = FeatureExtractor()
-    xs, lats, wls, ids, kinds = [], [], [], [], {}
-    groups: dict[str, Any] = {}
-    records = [(db, regs, r) for db, regs in sources for r in db.find_records(None, target_key)]
-    for db, regs, r in records:
-        if Status(r.status) == Status.INVALID_CONFIG:
-            continue
-        if r.workload_key not in groups:
-            groups[r.workload_key] = group_from_workload(db.workload_canonical(r.workload_key))
-        group = groups[r.workload_key]
-        sketch = get_sketch(r.sketch, target)
-        if sketch.version != r.sketch_version:
-            continue
-        n = regs.get(r.workload_key, {}).get(config_json(r.config)) if reported else None
-        vec = ex.get(group, target, dict(r.config), r.sketch, registers=n)
-        if vec is None:
-            continue
-        xs.append(vec)
-        lats.append(record_latency(r))
-        wls.append(r.workload_key)
-        ids.append(r.id)
-        kinds[r.workload_key] = group.kind
-    x = np.asarray(xs, dtype=np.float32).reshape(len(xs), N_FEATURES)
-    return Dataset(x, np.asarray(lats, dtype=np.float64), wls, ids, kinds)
-
-
-def subset(data: Dataset, keep: set[str]) -> Dataset:
-    rows = [i for i, w in enumerate(data.workloads) if w in keep]
+    parts = [
+        load_dataset(src.db, target_key, ex, records=src.records, cache=False,
+                     registers=src.reported if reported else None)
+        for src in sources
+    ]  # fmt: skip
     return Dataset(
-        data.x[rows],
-        data.latencies[rows],
-        [data.workloads[i] for i in rows],
-        [data.record_ids[i] for i in rows],
-        {w: k for w, k in data.kinds.items() if w in keep},
+        np.concatenate([d.x for d in parts]),
+        np.concatenate([d.latencies for d in parts]),
+        [w for d in parts for w in d.workloads],
+        [i for d in parts for i in d.record_ids],
+        {w: k for d in parts for w, k in d.kinds.items()},
     )
-
-
-def score_heldout(dev: Dataset, held: Dataset, name: str, make) -> EvalResult:
-    """Train ``make()`` on every development record, score each held-out pool once."""
-    model = make()
-    model.update(dev.x, dev.latencies, list(dev.workloads))
-    res = EvalResult(name, "trained on the development set")
-    wl = np.asarray(held.workloads)
-    for w in sorted(set(held.workloads)):
-        rows = np.flatnonzero(wl == w)
-        lat = held.latencies[rows]
-        if np.isfinite(lat).sum() < 5:
-            continue
-        s = np.asarray(model.predict(held.x[rows]), dtype=np.float64)
-        n_ok = int(np.isfinite(lat).sum())
-        top1, top5 = top_k_score(s, lat, 1), top_k_score(s, lat, 5)
-        res.rows.append(WorkloadScore(w, held.kinds.get(w, "?"), n_ok, spearman(s, lat), top1, top5))
-    res.rows.sort(key=lambda r: (r.kind, r.workload))
-    return res
 
 
 def paired_interval(a: EvalResult, b: EvalResult, metric: str) -> tuple[float, float]:
@@ -214,17 +187,16 @@ def paired_interval(a: EvalResult, b: EvalResult, metric: str) -> tuple[float, f
     return float(ci.low), float(ci.high)
 
 
-def default_vs_best(sources, target: Target, target_key: str, index: dict[str, int], out) -> None:
+def default_vs_best(sources: list[Source], tasks: dict[str, Task], out) -> None:
     """Not a cost-model figure: how far the rule-based default is from the best config of its pool, by kind
     (every workload whose default was measured, development and held out)."""
     lat: dict[str, dict[str, float]] = {}
-    for db, _ in sources:
-        for r in db.find_records(None, target_key):
+    for src in sources:
+        for r in src.records:
             if r.median_us is not None and Status(r.status) == Status.OK:
                 lat.setdefault(r.workload_key, {})[config_json(r.config)] = float(r.median_us)
     ratios: dict[str, list[float]] = {}
-    for key, k in sorted(index.items(), key=lambda kv: kv[1]):
-        task = workload_task(k, target)
+    for key, task in tasks.items():
         pool = lat.get(key, {})
         d = pool.get(config_json(task.default()))
         if d is not None:
@@ -244,27 +216,27 @@ def default_vs_best(sources, target: Target, target_key: str, index: dict[str, i
 
 
 def heldout(args: argparse.Namespace) -> None:
-    sources = []
-    for url in args.db:
-        regs_path = Path(_db_file(url) + ".regs.json")
-        if not Path(_db_file(url)).is_file():
-            raise SystemExit(f"--db {url}: no such database file")
-        regs = json.loads(regs_path.read_text()) if regs_path.exists() else {}
-        sources.append((TuningDatabase.open(url), regs))
-    keys = sorted({t for db, _ in sources for t in db.target_keys() if t.startswith("cuda/")})
+    sources = [Source(url) for url in args.db]
+    keys = sorted({t for src in sources for t in src.db.target_keys() if t.startswith("cuda/")})
     target_key = args.target or (keys[0] if len(keys) == 1 else None)
     if target_key is None:
         raise SystemExit(f"{args.db}: name the CUDA target with --target (CUDA targets: {keys or 'none'})")
-    target = target_of(sources[0][0], target_key)
-    index: dict[str, int] = {}
-    twins: dict[str, list[int]] = {}
+    for src in sources:
+        src.load(target_key)
+    target = target_of(sources[0].db, target_key)
+    draws: dict[str, list[int]] = {}  # workload key -> its indices (the draw can repeat a workload)
+    tasks: dict[str, Task] = {}
     for k in range(FIRST, FIRST + COUNT):
-        key = workload_task(k, target).workload_key
-        index[key] = k  # a workload drawn twice is named by its last index
-        twins.setdefault(key, []).append(k)
+        task = workload_task(k, target)
+        draws.setdefault(task.workload_key, []).append(k)
+        tasks.setdefault(task.workload_key, task)
 
-    def is_held(key: str) -> bool:
-        return any(held_out(k) for k in twins[key])
+    def name(key: str) -> str:  # a workload drawn twice is named by its last index
+        return f"rand{draws[key][-1]}"
+
+    def is_held(key: str) -> bool:  # held out if any of its draws is: never trained on
+        return any(held_out(k) for k in draws[key])
+
     lines: list[str] = []
 
     def out(s: str = "") -> None:
@@ -279,24 +251,22 @@ def heldout(args: argparse.Namespace) -> None:
         f". Data: `scripts/bench_cost_model_cuda.py collect` on the GPU of target `{target_key}` (see the "
         "module docstring for the protocol).")  # fmt: skip
     out()
-    stored = {}
-    for url, (db, _) in zip(args.db, sources):
-        stored[url] = {r.workload_key for r in db.find_records(None, target_key)}
-    for url, keys_there in stored.items():
-        n = sum(len(db.find_records(None, target_key)) for u, (db, _) in zip(args.db, sources) if u == url)
-        out(f"- `{_db_file(url)}`: {len(keys_there)} workloads, {n} records")
-    measured = set().union(*stored.values())
-    for key, ks in twins.items():
+    measured: set[str] = set()
+    for src in sources:
+        keys_there = {r.workload_key for r in src.records}
+        measured |= keys_there
+        out(f"- `{src.path}`: {len(keys_there)} workloads, {len(src.records)} records")
+    for key, ks in draws.items():
         if len(ks) > 1 and key in measured:
-            names = ", ".join(f"rand{k}" for k in ks)
             role = "held out" if is_held(key) else "development"
-            out(f"- the draw gave one workload twice ({names}): it counts once, as rand{ks[-1]}, with the "
-                f"configs of both pools, held out if either draw is ({role})")
+            twice = ", ".join(f"rand{k}" for k in ks)
+            out(f"- the draw gave one workload twice ({twice}): it counts once, as "
+                f"{name(key)}, with the configs of both pools, held out if either draw is ({role})")
     for reported in (True, False):
         data = dataset(sources, target_key, reported)
-        known = [w for w in dict.fromkeys(data.workloads) if w in index]
-        dev = subset(data, {w for w in known if not is_held(w)})
-        held = subset(data, {w for w in known if is_held(w)})
+        known = [w for w in dict.fromkeys(data.workloads) if w in draws]
+        dev = data.only(w for w in known if not is_held(w))
+        held = data.only(w for w in known if is_held(w))
         n_ok = int(np.isfinite(data.latencies).sum())
         out()
         how = "as the build reported them" if reported else "estimated (as kiln tune ranks today)"
@@ -306,19 +276,18 @@ def heldout(args: argparse.Namespace) -> None:
         out(f"{len(known)} workloads ({n_dev} development, {n_held} held out), {len(data)} records with "
             f"features, {n_ok} ok.")  # fmt: skip
         results = []
-        for name, (kind, opts) in MODELS.items():
+        for label, (kind, opts) in MODELS.items():
             def make(kind=kind, opts=opts):
                 return create_model(kind, **opts)
 
-            cv = cross_validate(dev, make, name) if len(set(dev.workloads)) > 1 else EvalResult(name, "none")
-            ho = score_heldout(dev, held, name, make)
-            results.append((name, cv, ho))
+            cv = cross_validate(dev, make, label) if n_dev > 1 else EvalResult(label, "none")
+            results.append((label, cv, train_and_score(dev, held, make, label)))
         out()
         out("| model | dev CV top-1 | dev CV top-5 | dev CV Spearman | held-out top-1 | held-out top-5 | "
             "held-out Spearman |")  # fmt: skip
         out("|---|---:|---:|---:|---:|---:|---:|")
-        for name, cv, ho in results:
-            out(f"| {name} | {cv.mean('top1'):.3f} | {cv.mean('top5'):.3f} | {cv.mean('spearman'):.3f} | "
+        for label, cv, ho in results:
+            out(f"| {label} | {cv.mean('top1'):.3f} | {cv.mean('top5'):.3f} | {cv.mean('spearman'):.3f} | "
                 f"{ho.mean('top1'):.3f} | {ho.mean('top5'):.3f} | {ho.mean('spearman'):.3f} |")  # fmt: skip
         out()
         out("Held-out workloads, one pool each (top-1 / top-5 per model):")
@@ -328,21 +297,18 @@ def heldout(args: argparse.Namespace) -> None:
         by = [{r.workload: r for r in ho.rows} for _, _, ho in results]
         for r in results[0][2].rows:
             cells = [f"{b[r.workload].top1:.3f} / {b[r.workload].top5:.3f}" for b in by if r.workload in b]
-            out(f"| rand{index[r.workload]} | {r.kind} | {r.n} | " + " | ".join(cells) + " |")
+            out(f"| {name(r.workload)} | {r.kind} | {r.n} | " + " | ".join(cells) + " |")
         prior, gbdt = results[0][2], results[1][2]
-        verdict = all(
-            not math.isnan(v) for v in (gbdt.mean("top5"), prior.mean("top5"))
-        ) and round(gbdt.mean("top5"), 3) > round(prior.mean("top5"), 3)
-        out()
-        out(f"- held-out top-5 >= 0.92: **{'met' if gbdt.mean('top5') >= 0.92 else 'not met'}** "
-            f"(GBDT {gbdt.mean('top5'):.3f})")  # fmt: skip
+        g5, p5 = gbdt.mean("top5"), prior.mean("top5")
         lo, hi = paired_interval(gbdt, prior, "top5")
-        better = "met" if verdict else "not met"
+        out()
+        out(f"- held-out top-5 >= 0.92: **{'met' if g5 >= 0.92 else 'not met'}** (GBDT {g5:.3f})")
+        better = "met" if higher(g5, p5) else "not met"
         out(f"- better than the analytic prior alone (top-5, 3 decimals): **{better}**"
-            f" (GBDT {gbdt.mean('top5'):.3f} vs prior {prior.mean('top5'):.3f}; top-1 {gbdt.mean('top1'):.3f}"
-            f" vs {prior.mean('top1'):.3f}; GBDT - prior top-5 per held-out workload: mean "
-            f"{gbdt.mean('top5') - prior.mean('top5'):+.3f}, bootstrap 90% interval {lo:+.3f} to {hi:+.3f})")
-    default_vs_best(sources, target, target_key, index, out)
+            f" (GBDT {g5:.3f} vs prior {p5:.3f}; top-1 {gbdt.mean('top1'):.3f} vs {prior.mean('top1'):.3f};"
+            f" GBDT - prior top-5 per held-out workload: mean {g5 - p5:+.3f}, bootstrap 90% interval"
+            f" {lo:+.3f} to {hi:+.3f})")  # fmt: skip
+    default_vs_best(sources, tasks, out)
     if args.report:
         Path(args.report).write_text("\n".join(lines) + "\n")
         print(f"wrote {args.report}")

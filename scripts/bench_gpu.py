@@ -505,7 +505,12 @@ class Report:
             Path(self.js).write_text(json.dumps(data, indent=2))
 
 
-def header(device: str, ceil: dict, args: argparse.Namespace, when: str | None = None) -> str:
+def header(
+    device: str, ceil: dict, args: argparse.Namespace, when: str | None = None, source: str | None = None
+) -> str:
+    """The report's first paragraph; ``when`` and ``source`` replace today's date and this run's command
+    (``--render`` of another run's JSON)."""
+
     def fig(key: str, unit: str) -> str:
         v = ceil.get(key)
         if isinstance(v, (int, float)):
@@ -520,7 +525,7 @@ def header(device: str, ceil: dict, args: argparse.Namespace, when: str | None =
         f"microseconds per call, medians; kernel = CUDA events around one call after an L2 flush "
         f"({args.iters} calls x {args.rounds} rounds), wall = host time of {args.iters} back-to-back calls "
         "(launch overhead included, L2 warm); rounds in rotated order. Rates use Kiln's best kernel time. "
-        "Command: python scripts/bench_gpu.py " + " ".join(sys.argv[1:])
+        + (source or "Command: python scripts/bench_gpu.py " + " ".join(sys.argv[1:]))
     )
 
 
@@ -564,8 +569,8 @@ def render(args: argparse.Namespace) -> int:
         device, ceil, entries = data["device"], data["ceilings"], data["results"]
     except (OSError, ValueError, KeyError) as exc:
         raise SystemExit(f"bench_gpu --render {args.render}: not a bench_gpu --json file ({exc})") from exc
-    text = header(device, ceil, args, when="measured by " + (args.ran or "a GPU run")).split(" Command: ")[0]
-    text += f" Rendered from that run's JSON by `python scripts/bench_gpu.py {shlex.join(sys.argv[1:])}`."
+    source = f"Rendered from that run's JSON by `python scripts/bench_gpu.py {shlex.join(sys.argv[1:])}`."
+    text = header(device, ceil, args, when="measured by " + (args.ran or "a GPU run"), source=source)
     report = Report(text, ceil, args.out, None, device)
     for name, entry in entries.items():
         report.add(name, entry)

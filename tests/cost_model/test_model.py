@@ -13,7 +13,7 @@ from compiler.builder import GraphBuilder
 from compiler.errors import KilnError
 from compiler.target import Target
 from cost_model.dataset import load_dataset
-from cost_model.evaluate import cross_validate, spearman, top_k_score
+from cost_model.evaluate import cross_validate, spearman, top_k_score, train_and_score
 from cost_model.features import EST_INDEX, FEATURE_NAMES, FEATURE_VERSION, N_FEATURES
 from cost_model.gbdt import GBDTModel
 from cost_model.model import AnalyticModel, RandomModel, create_model, load_model, normalized_labels
@@ -317,6 +317,40 @@ def test_retrain_from_database_with_cached_features(tmp_path):
     result = cross_validate(again, lambda: GBDTModel(seed=0), "gbdt")
     assert len(result.rows) == 3
     assert result.mean("spearman") > 0.5 and result.mean("top5") >= 0.9
+
+
+def test_reported_registers_reach_the_features_and_bypass_the_feature_cache(tmp_path):
+    """``load_dataset(registers=...)``: the build's count per record goes into ``gpu_regs`` (with
+    ``gpu_regs_reported``), and such vectors are neither read from nor written to the cache, whose vectors
+    hold estimated counts."""
+    cuda = Target.cuda()
+    b = GraphBuilder("relu")
+    task = extract_tasks(b.build([b.relu(b.input("x", (256, 1024)))]), cuda)[0]
+    db = TuningDatabase.open(f"sqlite:///{tmp_path / 'c.db'}")
+    db.commit_target(cuda.key, cuda.to_json())
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    db.commit_records([RecordIn(task.workload_key, cuda.key, task.sketch.name, task.sketch.version,
+                                task.default(), [5.0, 5.0], Status.OK)])  # fmt: skip
+    estimated = load_dataset(db, cuda.key)
+    assert len(db.features(FEATURE_VERSION)) == 1
+    reported = load_dataset(db, cuda.key, registers=lambda record: 200)
+    regs, flag = FEATURE_NAMES.index("gpu_regs"), FEATURE_NAMES.index("gpu_regs_reported")
+    assert reported.computed == 1 and reported.x[0, regs] == 200 and reported.x[0, flag] == 1
+    assert estimated.x[0, flag] == 0 and estimated.x[0, regs] != 200
+    np.testing.assert_array_equal(load_dataset(db, cuda.key).x, estimated.x)  # the cache kept the estimate
+
+
+def test_train_and_score_trains_on_one_set_and_scores_each_pool_of_the_other(tmp_path):
+    data = load_dataset(make_db(f"sqlite:///{tmp_path / 'k.db'}"), CPU.key)
+    keys = sorted(set(data.workloads))
+    train, test = data.only(keys[:2]), data.only(keys[2:])
+    result = train_and_score(train, test, lambda: GBDTModel(seed=0), "gbdt")
+    assert [r.workload for r in result.rows] == keys[2:] and set(result.predictions) == set(keys[2:])
+    row = result.rows[0]
+    assert row.n == int(np.isfinite(test.latencies).sum()) and 0 < row.top1 <= row.top5 <= 1.0
+    # the same scores as the fold of leave-one-workload-out that holds that workload out
+    loo = {r.workload: r for r in cross_validate(data, lambda: GBDTModel(seed=0), "gbdt").rows}
+    assert (loo[keys[2]].top1, loo[keys[2]].top5) == (row.top1, row.top5)
 
 
 def test_prior_trust_is_learned_per_workload_from_its_measurements(tmp_path):

@@ -28,7 +28,7 @@ def test_cuda_range_is_disjoint_from_the_cpu_sets():
     assert cpu_bench.FULL_FIRST + 1000 <= cuda_bench.FIRST  # the whole-space (4000..), defer (5000..) draws
 
 
-def test_heldout_scores_each_pool_and_a_perfect_prior_ranks_first(tmp_path, capsys):
+def test_heldout_scores_each_pool_and_a_perfect_prior_ranks_first(tmp_path):
     """Records whose latencies follow the analytic prior exactly: the prior's held-out top-1 is 1.000, every
     held-out workload gets a row, the report names both databases."""
     target = Target.cuda()
@@ -65,7 +65,6 @@ def test_heldout_scores_each_pool_and_a_perfect_prior_ranks_first(tmp_path, caps
     assert not np.isnan(float(cells[5]))
     for kind in ("contraction", "pointwise", "reduction"):  # the defaults against their pools, 3 of each kind
         assert any(line.startswith(f"| {kind} | 3 |") for line in text.splitlines())
-    capsys.readouterr()
 
 
 def test_heldout_names_a_missing_database(tmp_path):
