@@ -379,11 +379,12 @@ class BenchTask(Task):
 
 def get_task(spec: str, target: Target, sub: bool = False) -> BenchTask:
     """``model`` (first task), ``model:N`` (N-th task) or ``model:gK`` (the task of group gK); with
-    ``sub`` the benchmark's sub-space (FREE_KNOBS; with the suffix ``@cold``, COLD_FREE_KNOBS; ``@mk``,
-    MK_FREE_KNOBS; ``@full``, the whole space)."""
-    mk, whole = spec.endswith("@mk"), spec.endswith("@full")
-    spec, cold = spec.removesuffix("@cold").removesuffix("@mk").removesuffix("@full"), spec.endswith("@cold")
-    name, _, idx = spec.partition(":")
+    ``sub`` the benchmark's sub-space: FREE_KNOBS, or the one its suffix names (SUBSPACES: ``@cold``,
+    ``@mk``, ``@gpu``; ``@full``, the whole space)."""
+    base, at, suffix = spec.partition("@")
+    if at and "@" + suffix not in SUBSPACES:
+        raise SystemExit(f"{spec}: unknown sub-space @{suffix}; known: {', '.join(SUBSPACES)}")
+    name, _, idx = base.partition(":")
     graph = synthetic(idx) if name == "synth" else load_model(name)
     tasks = extract_tasks(graph, target)
     if name == "synth" or not idx:
@@ -391,12 +392,13 @@ def get_task(spec: str, target: Target, sub: bool = False) -> BenchTask:
     elif idx.startswith("g"):
         hits = [t for t in tasks if t.group.name.split("_")[0] == idx]
         if not hits:
-            raise SystemExit(f"{spec}: no task of group {idx}; tasks: {[t.name for t in tasks]}")
+            raise SystemExit(f"{base}: no task of group {idx}; tasks: {[t.name for t in tasks]}")
         t = hits[0]
     else:
         t = tasks[int(idx)]
-    free = (MK_FREE_KNOBS if mk else COLD_FREE_KNOBS if cold else FREE_KNOBS).get(t.kind, ()) if sub else None
-    if free == () or whole:  # a kind searched whole, or the whole space (@full)
+    knobs = SUBSPACES["@" + suffix] if at else FREE_KNOBS
+    free = knobs.get(t.kind, ()) if sub and knobs is not None else None
+    if free == ():  # a kind searched whole
         free = None
     return BenchTask(t.workload_key, t.group, t.target, t.weight, t.sketch, free)
 
@@ -1738,6 +1740,16 @@ COLD_GOAL = 1.05
 #   fewer than 3 candidates are selected, all candidates are the reported set.
 #   Development (the cold learner's settings are chosen on these and on DEV_CANDIDATES only): MK_DEV.
 MK_FREE_KNOBS = {"contraction": ("mr", "nr", "pack_b", "order")}
+# The CUDA exhaustive sets (scripts/bench_cost_model_cuda.py exhaust, fixed at stop 33 before anything of
+# them was measured): the block and register tiles of a contraction (the other knobs at the sketch's
+# default; 577-596 valid configs), and a reduction's threads per row, rows per block, vector width and
+# unroll (keep_row and fast_math at the default; 162 valid): small enough to be measured whole on a lent
+# GPU, so that searches are replayed with the true best of the space as their goal.
+GPU_FREE_KNOBS = {
+    "contraction": ("bm", "bn", "bk", "tm", "tn"),
+    "reduction": ("threads_per_row", "rows_per_block", "vector", "unroll"),
+    "pointwise": (),  # whole
+}
 MK_CANDIDATES = (
     "mlp:g1@mk,mlp:g0@mk,attention:g0@mk,encoder_layer:g8@mk,encoder_layer:g9@mk,"
     "synth:matmul_rect@mk,matmul@mk"
@@ -1754,6 +1766,13 @@ MK_DEV = "attention:g2@mk,synth:matmul_768@mk"
 # too, whatever either shows. No development workloads: nothing is chosen on this set (the cold learners'
 # settings are the ones fixed above).
 RAND_CANDIDATES = ",".join(f"synth:rand{k}@cold" for k in range(24))
+# spec suffix -> the knobs its sub-space frees per kind (None: the whole space)
+SUBSPACES: dict[str, dict[str, tuple[str, ...]] | None] = {
+    "@cold": COLD_FREE_KNOBS,
+    "@mk": MK_FREE_KNOBS,
+    "@gpu": GPU_FREE_KNOBS,
+    "@full": None,
+}
 
 
 def cold_order(candidates: str, dev: str) -> list[str]:

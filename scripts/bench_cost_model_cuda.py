@@ -47,7 +47,7 @@ from cost_model.model import create_model
 from db.database import RecordIn, TuningDatabase
 from db.status import Status
 from scripts.bench_common import cpu_name, git_commit
-from scripts.bench_cost_model import higher, random_workload, uniform_pool
+from scripts.bench_cost_model import get_task, higher, random_workload, uniform_pool, valid_configs
 from tuner.space import config_json
 from tuner.task import Task, extract_tasks
 
@@ -55,6 +55,10 @@ from tuner.task import Task, extract_tasks
 FIRST = 7000
 COUNT = 72  # at most; collect stops earlier when its budget is spent
 POOL = 32  # uniform configs per workload (+ the default)
+# the exhaustive sub-spaces (exhaust): random_workload indices from 8000, a range no other set uses
+EXHAUST_FIRST = 8000
+EXHAUST_PER_KIND = 4
+EXHAUST_CHUNK = 96
 MODELS = {"analytic prior": ("analytic", {}), "GBDT": ("gbdt", {})}
 
 
@@ -68,22 +72,53 @@ def workload_task(k: int, target: Target) -> Task:
 
 
 # ------------------------------------------------------------------------------------------------ collect
-def collect(args: argparse.Namespace) -> None:
-    from tuner.measure import MeasureInput, Measurer
+def cuda_measurer(args: argparse.Namespace, target: Target):
+    from tuner.measure import Measurer
 
-    target = Target.parse("cuda")
-    db = TuningDatabase.open(args.db)
-    db.commit_target(target.key, target.to_json())
-    regs_path = Path(_db_file(args.db) + ".regs.json")
-    regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
     cupy = {"cupy_module": args.cupy_module} if args.cupy_module else {}
-    m = Measurer(
+    return Measurer(
         "local",
         "local",
         target,
         {"workers": args.workers, **cupy},
         {"repeats": args.repeats, "sample_ms": args.sample_ms, "warmup_ms": 1.0, **cupy},
     )
+
+
+def measure_into(
+    m, target: Target, db: TuningDatabase, task: Task, configs: list[dict], regs: dict
+) -> list[RecordIn]:
+    """Build and run ``configs`` of ``task``, commit them as records of ``db`` and the registers each build
+    reported into ``regs`` (workload key -> config JSON -> registers per thread, the largest over the
+    candidate's kernels); the records committed."""
+    from tuner.measure import MeasureInput
+
+    inputs = [MeasureInput(task, c) for c in configs]
+    builds = m.builder.build(inputs)
+    ok = [i for i, b in enumerate(builds) if b.status == Status.OK]
+    runs = dict(zip(ok, m.runner.run([inputs[i] for i in ok], [builds[i] for i in ok])))
+    m.builder.release(builds)
+    recs = []
+    wl_regs = regs.setdefault(task.workload_key, {})
+    for i, (c, b) in enumerate(zip(configs, builds)):
+        r = runs.get(i)
+        status, lat, err = (r.status, r.latencies_us, r.error) if r else (b.status, None, b.error)
+        recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
+                             lat, status, (err or "")[:2000] or None))  # fmt: skip
+        n_regs = [int(kn["num_regs"]) for kn in (b.info or {}).get("kernels", []) if "num_regs" in kn]
+        if n_regs:
+            wl_regs[config_json(c)] = max(n_regs)
+    db.commit_records(recs)
+    return recs
+
+
+def collect(args: argparse.Namespace) -> None:
+    target = Target.parse("cuda")
+    db = TuningDatabase.open(args.db)
+    db.commit_target(target.key, target.to_json())
+    regs_path = Path(_db_file(args.db) + ".regs.json")
+    regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
+    m = cuda_measurer(args, target)
     t0 = time.monotonic()
     n_workloads = n_ok = 0
     print(f"target {target.key}; pools of {args.pool} + default; budget {args.budget_s:.0f} s", flush=True)
@@ -98,22 +133,7 @@ def collect(args: argparse.Namespace) -> None:
             known = {config_json(r.config) for r in db.find_records(task.workload_key, target.key)}
             configs = {config_json(c): c for c in [task.default(), *uniform_pool(task, args.pool, k)]}
             todo = [c for key, c in configs.items() if key not in known]
-            inputs = [MeasureInput(task, c) for c in todo]
-            builds = m.builder.build(inputs)
-            ok = [i for i, b in enumerate(builds) if b.status == Status.OK]
-            runs = dict(zip(ok, m.runner.run([inputs[i] for i in ok], [builds[i] for i in ok])))
-            m.builder.release(builds)
-            recs = []
-            wl_regs = regs.setdefault(task.workload_key, {})
-            for i, (c, b) in enumerate(zip(todo, builds)):
-                r = runs.get(i)
-                status, lat, err = (r.status, r.latencies_us, r.error) if r else (b.status, None, b.error)
-                recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
-                                     lat, status, (err or "")[:2000] or None))  # fmt: skip
-                n_regs = [int(kn["num_regs"]) for kn in (b.info or {}).get("kernels", []) if "num_regs" in kn]
-                if n_regs:
-                    wl_regs[config_json(c)] = max(n_regs)
-            db.commit_records(recs)
+            recs = measure_into(m, target, db, task, todo, regs)
             regs_path.write_text(json.dumps(regs))
             by = Counter(str(r.status) for r in recs)
             n_workloads, n_ok = n_workloads + 1, n_ok + by["ok"]
@@ -125,6 +145,69 @@ def collect(args: argparse.Namespace) -> None:
     finally:
         m.close()
         print(f"collected: {n_workloads} workloads, {n_ok} ok configs", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ exhaust
+def exhaust_specs(target: Target, per_kind: int = EXHAUST_PER_KIND) -> list[str]:
+    """The exhaustive set, fixed before anything of it was measured: the first ``per_kind`` contractions and
+    reductions of random_workload(EXHAUST_FIRST), (EXHAUST_FIRST + 1), ..., as ``synth:randK@gpu`` specs
+    (bench_cost_model.GPU_FREE_KNOBS), in the measuring order: the kinds alternate, contraction first, so
+    that a cut by the budget keeps both kinds."""
+    found: dict[str, list[str]] = {"contraction": [], "reduction": []}
+    k = EXHAUST_FIRST
+    while any(len(v) < per_kind for v in found.values()):
+        kind = workload_task(k, target).kind
+        if kind in found and len(found[kind]) < per_kind:
+            found[kind].append(f"synth:rand{k}@gpu")
+        k += 1
+    return [s for pair in zip(found["contraction"], found["reduction"]) for s in pair]
+
+
+def exhaust(args: argparse.Namespace) -> None:
+    """Measure every valid config of each exhaustive sub-space (exhaust_specs) into ``--db``, in chunks
+    committed as they are measured; a workload already complete there is skipped, a partial one continued.
+    No new chunk is started after ``--budget-s``."""
+    target = Target.parse("cuda")
+    db = TuningDatabase.open(args.db)
+    db.commit_target(target.key, target.to_json())
+    regs_path = Path(_db_file(args.db) + ".regs.json")
+    regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
+    m = cuda_measurer(args, target)
+    t0 = time.monotonic()
+    complete: list[str] = []
+    specs = exhaust_specs(target, args.per_kind)
+    print(f"target {target.key}; {len(specs)} sub-spaces: {', '.join(specs)}; budget {args.budget_s:.0f} s",
+          flush=True)  # fmt: skip
+    try:
+        for spec in specs:
+            task = get_task(spec, target, sub=True)
+            db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+            configs = valid_configs(task)
+            known = {config_json(r.config) for r in db.find_records(task.workload_key, target.key)}
+            todo = [c for c in configs if config_json(c) not in known]
+            t1 = time.monotonic()
+            for i in range(0, len(todo), args.chunk):
+                if time.monotonic() - t0 > args.budget_s:
+                    break
+                measure_into(m, target, db, task, todo[i : i + args.chunk], regs)
+                regs_path.write_text(json.dumps(regs))
+            done = {config_json(r.config): r for r in db.find_records(task.workload_key, target.key)}
+            have = [done[config_json(c)] for c in configs if config_json(c) in done]
+            by = Counter(str(r.status) for r in have)
+            lats = [r.median_us for r in have if r.median_us is not None]
+            d = done.get(config_json(task.default()))
+            ratio = f", default/best {d.median_us / min(lats):.2f}" if lats and d and d.median_us else ""
+            print(f"{spec} {task.kind}: {len(have)} of {len(configs)} configs {dict(sorted(by.items()))}"
+                  + (f", best {min(lats):.1f} us{ratio}" if lats else "")
+                  + f" ({time.monotonic() - t1:.1f} s)", flush=True)  # fmt: skip
+            if len(have) == len(configs):
+                complete.append(spec)
+            if time.monotonic() - t0 > args.budget_s:
+                print(f"budget spent after {spec}", flush=True)
+                break
+    finally:
+        m.close()
+        print(f"exhausted: {len(complete)} complete sub-spaces ({', '.join(complete) or 'none'})", flush=True)
 
 
 def _db_file(url: str) -> str:
@@ -327,12 +410,21 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--sample-ms", type=float, default=1.0)
     c.add_argument("--cupy-module", default=None, help="a simulated CuPy, for a dry run without a GPU")
+    e = sub.add_parser("exhaust", help="measure whole CUDA sub-spaces for replayed searches (needs a GPU)")
+    e.add_argument("--db", required=True, help="sqlite:///FILE (the registers go to FILE.regs.json)")
+    e.add_argument("--per-kind", type=int, default=EXHAUST_PER_KIND)
+    e.add_argument("--chunk", type=int, default=EXHAUST_CHUNK, help="configs built and run per commit")
+    e.add_argument("--budget-s", type=float, default=480.0, help="no new chunk is started after this")
+    e.add_argument("--workers", type=int, default=14, help="NVRTC build processes")
+    e.add_argument("--repeats", type=int, default=5)
+    e.add_argument("--sample-ms", type=float, default=1.0)
+    e.add_argument("--cupy-module", default=None, help="a simulated CuPy, for a dry run without a GPU")
     h = sub.add_parser("heldout", help="score the GBDT and the prior on the held-out CUDA workloads")
     h.add_argument("--db", required=True, action="append", help="a collected database (repeat for several)")
     h.add_argument("--target", default=None, help="the CUDA target key (default: the database's only one)")
     h.add_argument("--report", default=None)
     args = p.parse_args(argv)
-    {"collect": collect, "heldout": heldout}[args.cmd](args)
+    {"collect": collect, "exhaust": exhaust, "heldout": heldout}[args.cmd](args)
 
 
 if __name__ == "__main__":
