@@ -237,3 +237,24 @@ def test_a_hung_compilation_is_killed_after_the_per_candidate_timeout(fake_gpu, 
         builds = builder.build([bad, good])
     assert builds[0].status == Status.COMPILE_ERROR and "build timed out" in builds[0].error
     assert builds[1].status == Status.OK, builds[1].error
+
+
+def test_a_kernel_over_the_shared_memory_limit_is_invalid_before_compiling(fake_gpu):
+    """The contraction check estimates the staged tiles; lowering rounds a cooperative copy up to the block's
+    1024 threads (A's 32 x 64 tile becomes 64 x 68 per stage), so 3 cp.async stages need 248,832 bytes, over
+    the 227 KiB opt-in limit. The H200 refused these launches (CUDA_ERROR_INVALID_VALUE) until the builder
+    checked the lowered kernels: now invalid_config, named, before NVRTC."""
+    from compiler.builder import GraphBuilder
+
+    b = GraphBuilder("wide")
+    (task,) = extract_tasks(b.build([b.matmul(b.input("a", (512, 512)), b.input("b", (512, 512)))]), "cuda")
+    tile = {"bm": 32, "bn": 256, "bk": 64, "stages": 3, "double_buffer": 0, "smem_pad": 4, "swizzle": 0}
+    over = {**task.default(), **tile, "tm": 1, "tn": 8}  # 1024 threads
+    fits = {**task.default(), **tile, "tm": 2, "tn": 8}  # 512 threads: 224,256 bytes
+    for c in (over, fits):
+        task.check(c)  # the sketch's estimate passes both
+    with measurer() as m:
+        builds = m.builder.build([MeasureInput(task, over), MeasureInput(task, fits)])
+    assert builds[0].status == Status.INVALID_CONFIG
+    assert re.search(r"needs 248832 bytes of shared memory per block, over the 232448 bytes", builds[0].error)
+    assert builds[1].status == Status.OK, builds[1].error

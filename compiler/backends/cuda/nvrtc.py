@@ -148,7 +148,13 @@ def prepare_kernel(fn: Any, name: str, launch_info: dict[str, Any]) -> None:
     """Opt a kernel into its dynamic shared memory (beyond 48 KiB) and check its resources."""
     dyn = int(launch_info.get("dynamic_shared_bytes", 0))
     if dyn:
-        fn.max_dynamic_shared_size_bytes = dyn
+        try:
+            fn.max_dynamic_shared_size_bytes = dyn
+        except Exception as exc:  # CUDA_ERROR_INVALID_VALUE: static + dynamic over the opt-in limit
+            raise CompileError(
+                f"kernel {name}: the driver refused {dyn} bytes of dynamic shared memory "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
     check_resources(fn, name, launch_info)
 
 

@@ -142,6 +142,22 @@ class _BuildWorker:
         return "built", fields
 
 
+def shared_overflow(launches: list[dict[str, Any]], target: Any) -> str:
+    """Why a kernel of ``launches`` cannot be launched on ``target`` for its shared memory (the lowered
+    tiles, padding and cp.async rings, static + dynamic, over the device's per-block opt-in limit), or "".
+    The sketches' checks estimate the tiles before scheduling; lowering can allocate more (a cooperative
+    copy rounded up to the block's threads), which only the lowered kernel shows."""
+    limit = int(getattr(target, "max_shared_bytes_optin", 0) or 0)
+    for info in launches:
+        need = int(info.get("shared_bytes", 0))
+        if limit and need > limit:
+            return (
+                f"kernel {info['name']} needs {need} bytes of shared memory per block, over the "
+                f"{limit} bytes {getattr(target, 'device', 'the device')} allows (opt-in limit)"
+            )
+    return ""
+
+
 def build_one(cp: Any, group: Any, sketch: Any, target: Any, config: Any, name: str) -> dict[str, Any]:
     """Schedule, lower, print and compile one candidate as kernel ``name``; BuildResult fields (and
     ``source``)."""
@@ -163,6 +179,9 @@ def build_one(cp: Any, group: Any, sketch: Any, target: Any, config: Any, name: 
         return _fields(
             Status.COMPILE_ERROR, f"scheduling/lowering/codegen failed: {type(exc).__name__}: {exc}"
         )
+    over = shared_overflow(launches, target)
+    if over:  # the driver would refuse the launch (CUDA_ERROR_INVALID_VALUE): not worth compiling
+        return _fields(Status.INVALID_CONFIG, over)
     register = getattr(cp, "register_kernels", None)  # a simulated CuPy runs the loop IR of each kernel
     if register is not None:
         parts = kernel_parts(func.body)
