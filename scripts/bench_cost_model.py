@@ -587,6 +587,22 @@ def bench_target(threads: int) -> Target:
     return dataclasses.replace(Target.host(), cores=threads)
 
 
+def search_target(cache_url: str, threads: int, key: str | None = None) -> Target:
+    """The target a search protocol measures or replays: this CPU with ``threads`` cores, or the target of
+    key ``key`` as the cache database describes it (a GPU cache replayed here, e.g. CUDA's)."""
+    if not key:
+        return bench_target(threads)
+    from cost_model.dataset import target_of
+
+    db = TuningDatabase.open(cache_url)
+    try:
+        if key not in db.target_keys():
+            raise SystemExit(f"--cache {cache_url}: no records of target {key!r} (it has {db.target_keys()})")
+        return target_of(db, key)
+    finally:
+        db.close()
+
+
 def with_knob_pairs(task: Task, configs: list[dict], knob: str) -> list[dict]:
     """``configs`` and, after each, the same config with ``knob`` at each of its other values that passes the
     sketch's check: pairs that differ in that knob alone, to compare a model's predicted ratio with the
@@ -758,7 +774,9 @@ def run_one(
     if method == "tpe+gbdt-warm":  # other workloads, minus this one's twins and the held-out set
         src = train or cache
         fam = families(src.db)
-        exclude = {k for k, f in fam.items() if f == family_of(task)} | heldout_keys(target)
+        exclude = {k for k, f in fam.items() if f == family_of(task)}
+        if target.kind == "cpu":  # the CPU held-out set (zoo tasks; a GPU cache has its own sets)
+            exclude |= heldout_keys(target)
         warm = warm_records(src, db, exclude | {task.workload_key})
     # a whole space is not measured beforehand: its configs are measured (once, cached) when a run asks
     measurer = CachedMeasurer(cache) if spec.endswith("@full") else ReplayMeasurer(cache)
@@ -834,6 +852,7 @@ def protocol(args: argparse.Namespace) -> dict:
         "train_cache": getattr(args, "train_cache", None),
         "measure_code": code_hash(MEASURE_CODE, RUNNER),
         "search_code": search_code(),
+        **({"target": args.target} if getattr(args, "target", None) else {}),  # a replayed GPU cache's
     }
 
 
@@ -847,7 +866,7 @@ def protocol_dir(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> None:
     from cost_model.features import FeatureExtractor
 
-    target = bench_target(args.threads)
+    target = search_target(args.cache, args.threads, getattr(args, "target", None))
     cache = MeasureCache(args.cache, target)
     out_dir = protocol_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -958,7 +977,7 @@ def report(args: argparse.Namespace) -> None:
         runs = [r for r in runs if r["workload"] in only]
     proto = meta["protocol"]
     budget = proto["trials"]
-    target = bench_target(proto["threads"])
+    target = search_target(proto["cache"], proto["threads"], proto.get("target"))
     cache = MeasureCache(proto["cache"], target)
     specs = list(dict.fromkeys(r["workload"] for r in runs))
     methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
