@@ -70,3 +70,84 @@ def test_heldout_scores_each_pool_and_a_perfect_prior_ranks_first(tmp_path):
 def test_heldout_names_a_missing_database(tmp_path):
     with pytest.raises(SystemExit, match="no such database file"):
         cuda_bench.main(["heldout", "--db", f"sqlite:///{tmp_path}/none.db"])
+
+
+def test_exhaust_set_alternates_kinds_and_frees_the_gpu_knobs():
+    """The exhaustive set (fixed before measuring): contraction, reduction, contraction, ... from 8000, each
+    searched over GPU_FREE_KNOBS with every other knob at the sketch's default."""
+    target = Target.cuda()
+    specs = cuda_bench.exhaust_specs(target)
+    assert specs[:4] == [f"synth:rand{k}@gpu" for k in (8000, 8002, 8003, 8005)]
+    kinds = [cpu_bench.get_task(s, target, sub=True).kind for s in specs]
+    assert kinds == ["contraction", "reduction"] * cuda_bench.EXHAUST_PER_KIND
+    assert cuda_bench.FIRST + cuda_bench.COUNT <= cuda_bench.EXHAUST_FIRST  # disjoint from collect's draws
+    task = cpu_bench.get_task(specs[0], target, sub=True)
+    free = {k.name for k in task.space() if len(k.values) > 1}
+    assert free == set(cpu_bench.GPU_FREE_KNOBS["contraction"])
+    default = task.default()
+    fixed = [k for k in default if k not in free]
+    assert all(c[k] == default[k] for c in cpu_bench.valid_configs(task)[:50] for k in fixed)
+
+
+def test_an_unknown_sub_space_suffix_is_named():
+    with pytest.raises(SystemExit, match=r"synth:rand8000@gpus: unknown sub-space @gpus; known: @cold"):
+        cpu_bench.get_task("synth:rand8000@gpus", Target.cuda(), sub=True)
+
+
+def _complete_table(url: str, target: Target, spec: str, ex: FeatureExtractor, wrong: bool) -> None:
+    """Every valid config of ``spec`` with a latency that follows the analytic prior (``wrong``: its
+    inverse, so that the prior ranks the best config last)."""
+    db = TuningDatabase.open(url)
+    db.commit_target(target.key, target.to_json())
+    task = cpu_bench.get_task(spec, target, sub=True)
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    recs = []
+    for c in cpu_bench.valid_configs(task):
+        est = float(ex.get(task.group, target, c, task.sketch.name)[EST_INDEX])
+        lat = float(2.0 ** (-est if wrong else est))
+        recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
+                             [lat, lat, lat], Status.OK))  # fmt: skip
+    db.commit_records(recs)
+    db.close()
+
+
+def test_search_replays_only_complete_sub_spaces_and_never_writes_the_data(tmp_path):
+    """A database holding one whole reduction sub-space (latencies the inverse of the prior's ranking) and
+    part of a contraction's: only the complete one is searched; every method's trials come from the table;
+    the data file is unchanged; the report states the protocol and the target comparison."""
+    target = Target.cuda()
+    ex = FeatureExtractor()
+    data = tmp_path / "exhaust.db"
+    url = f"sqlite:///{data}"
+    _complete_table(url, target, "synth:rand8002@gpu", ex, wrong=True)
+    db = TuningDatabase.open(url)
+    task = cpu_bench.get_task("synth:rand8000@gpu", target, sub=True)
+    db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+    db.commit_records([RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version,
+                                task.default(), [10.0], Status.OK)])  # fmt: skip
+    db.close()
+    train = f"sqlite:///{tmp_path}/train.db"
+    tdb = TuningDatabase.open(train)
+    tdb.commit_target(target.key, target.to_json())
+    t2 = cuda_bench.workload_task(7002, target)
+    tdb.commit_workload(t2.workload_key, t2.group.canonical(), t2.kind, t2.flops, t2.bytes)
+    pool = cuda_bench.uniform_pool(t2, 12, 7002)
+    tdb.commit_records([RecordIn(t2.workload_key, target.key, t2.sketch.name, t2.sketch.version, c,
+                                 [float(i + 1)], Status.OK) for i, c in enumerate(pool)])  # fmt: skip
+    tdb.close()
+    before = data.read_bytes()
+    report = tmp_path / "search.md"
+    cuda_bench.main([
+        "search", "--db", url, "--train", train, "--work", str(tmp_path / "work"), "--seeds", "0,1",
+        "--trials", "12", "--methods", "tpe,tpe+analytic,tpe+gbdt,tpe+gbdt-warm", "--report", str(report),
+        "--out", str(tmp_path), "--resamples", "50",
+    ])  # fmt: skip
+    assert data.read_bytes() == before
+    text = report.read_text()
+    assert "Sub-spaces searched: synth:rand8002@gpu." in text
+    assert "| synth:rand8002@gpu | reduction | 162 |" in text
+    assert "synth:rand8000@gpu |" not in text
+    assert "2 seeds (0-1), 12 measured trials per run" in text
+    assert "cold GBDT better than TPE + analytic prior" in text
+    runs = list((tmp_path / "work" / "results").glob("t12_nodefault_*/*__*__*.json"))
+    assert len(runs) == 8
