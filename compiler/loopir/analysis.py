@@ -28,9 +28,11 @@ def parent_map(root: Stmt) -> dict[int, Stmt]:
     return out
 
 
-def ancestors(root: Stmt, node: Stmt) -> list[Stmt]:
-    """Statements enclosing ``node``, outermost first (``root`` included, ``node`` excluded)."""
-    parents = parent_map(root)
+def ancestors(root: Stmt, node: Stmt, parents: dict[int, Stmt] | None = None) -> list[Stmt]:
+    """Statements enclosing ``node``, outermost first (``root`` included, ``node`` excluded). ``parents``:
+    ``parent_map(root)`` when the caller asks for several nodes of an unchanged tree."""
+    if parents is None:
+        parents = parent_map(root)
     chain = []
     cur = parents.get(id(node))
     while cur is not None:

@@ -80,7 +80,8 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
             f"function {func.name} has loops bound to GPU thread axes: lower it with its backend "
             "(get_backend(target).lower(func)), which rewrites thread axes and cross-thread reductions first"
         )
-    plans = {id(b): _plan(root, b) for b in root.alloc_buffers}
+    sites = _Sites(root)
+    plans = {id(b): _plan(root, b, sites) for b in root.alloc_buffers}
     by_site: dict[int, list[_Compact]] = {}
     for p in plans.values():
         by_site.setdefault(id(p.site) if p.site is not None else 0, []).append(p)
@@ -93,11 +94,26 @@ def lower_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     return PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
 
 
-def _plan(root: Block, buf: Buffer) -> _Compact:
-    blocks = [b for b in A.blocks_under(root) if buf in A.writes(b) or buf in A.reads(b)]
+class _Sites:
+    """What every buffer's plan asks of the (unchanged) root: its blocks with the buffers each touches,
+    and each block's enclosing loops, computed once for all of them."""
+
+    def __init__(self, root: Block) -> None:
+        parents = A.parent_map(root)
+        self.blocks = [(b, {id(x) for x in (*A.writes(b), *A.reads(b))}) for b in A.blocks_under(root)]
+        self.loops = {
+            id(b): [s for s in A.ancestors(root, b, parents) if isinstance(s, For)] for b, _ in self.blocks
+        }
+
+    def touching(self, buf: Buffer) -> list[Block]:
+        return [b for b, bufs in self.blocks if id(buf) in bufs]
+
+
+def _plan(root: Block, buf: Buffer, sites: _Sites) -> _Compact:
+    blocks = sites.touching(buf)
     if not blocks:
         return _Compact(None, buf, [const(0)] * len(buf.shape))
-    chains = [[s for s in A.ancestors(root, b) if isinstance(s, For)] for b in blocks]
+    chains = [sites.loops[id(b)] for b in blocks]
     prefix: list[For] = []
     for level in zip(*chains):
         if all(x is level[0] for x in level):

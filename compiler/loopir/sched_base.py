@@ -26,6 +26,7 @@ from compiler.loopir.stmt import (
     PrimFunc,
     SeqStmt,
     Stmt,
+    stmt_children,
 )
 
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -43,6 +44,29 @@ class ScheduleBase:
         if not isinstance(self.root.body, SeqStmt):
             self.root.body = SeqStmt([self.root.body])
         self.trace: list[str] = []
+        self._parents: dict[int, Stmt] = {}  # id -> parent, as of some earlier tree: see _ancestors
+
+    def _ancestors(self, node: Stmt) -> list[Stmt] | None:
+        """The statements enclosing ``node`` up to the root, outermost first (None: not in the function).
+
+        Primitives edit the tree in place, so the remembered parent map may be stale: every link of the
+        chain it gives is checked (the parent really holds the child) up to the root, and the map is
+        rebuilt once when a link fails. A chain of checked links ending at the root is the true one (a
+        statement has one parent), so a stale map costs a rebuild, never a wrong answer."""
+        for fresh in (False, True):
+            if fresh:
+                self._parents = A.parent_map(self.root)
+            chain: list[Stmt] = []
+            cur = node
+            while cur is not self.root:
+                p = self._parents.get(id(cur))
+                if p is None or not any(c is cur for c in stmt_children(p)):
+                    break
+                chain.append(p)
+                cur = p
+            else:
+                return chain[::-1]
+        return None
 
     def blocks(self) -> list[Block]:
         return A.blocks_under(self.root)
@@ -56,7 +80,7 @@ class ScheduleBase:
         )
 
     def get_loops(self, block: Block) -> list[For]:
-        return [s for s in A.ancestors(self.root, block) if isinstance(s, For)]
+        return [s for s in self._ancestors(block) or () if isinstance(s, For)]
 
     def producers(self, buffer: Buffer) -> list[Block]:
         return [b for b in self.blocks() if buffer in A.writes(b)]
@@ -71,10 +95,10 @@ class ScheduleBase:
         return "\n".join(self.trace)
 
     def _parent(self, node: Stmt) -> Stmt:
-        p = A.parent_map(self.root).get(id(node))
-        if p is None:
+        chain = self._ancestors(node)
+        if not chain:
             raise ScheduleError(f"{_name(node)} is not part of function {self.func.name}")
-        return p
+        return chain[-1]
 
     def _check_loop(self, loop: For) -> None:
         if not isinstance(loop, For):
@@ -100,10 +124,9 @@ class ScheduleBase:
 
     def _remove_nest(self, block: Block) -> None:
         """Remove ``block`` and every enclosing loop or sequence that would be left empty."""
-        parents = A.parent_map(self.root)
         node: Stmt = block
         while True:
-            parent = parents[id(node)]
+            parent = self._parent(node)
             single_seq = (
                 isinstance(parent, SeqStmt) and len(parent.stmts) == 1 and parent is not self.root.body
             )
@@ -117,18 +140,16 @@ class ScheduleBase:
 
     def _nest_top(self, block: Block) -> Stmt:
         """The outermost loop containing only ``block`` (or the block itself)."""
-        parents = A.parent_map(self.root)
         node: Stmt = block
-        parent = parents[id(node)]
+        parent = self._parent(node)
         while isinstance(parent, For) and parent.body is node:
             node = parent
-            parent = parents[id(node)]
+            parent = self._parent(node)
         return node
 
     def _top_level(self, node: Stmt) -> Stmt:
         """The statement directly under the root that contains ``node``."""
-        anc = A.ancestors(self.root, node)
-        chain = [*anc, node]
+        chain = [*(self._ancestors(node) or ()), node]
         i = next(k for k, s in enumerate(chain) if s is self.root.body)
         return chain[i + 1]
 

@@ -96,7 +96,7 @@ class LoopPrimitives(ScheduleBase):
             raise ScheduleError("reorder: a loop is given twice")
         for lp in loops:
             self._check_loop(lp)
-        anc = {id(lp): A.ancestors(self.root, lp) for lp in loops}
+        anc = {id(lp): self._ancestors(lp) or [] for lp in loops}
         chain_order = sorted(loops, key=lambda lp: len(anc[id(lp)]))
         outer, innermost = chain_order[0], chain_order[-1]
         chain: list[For] = [outer]
