@@ -345,11 +345,21 @@ def search(args: argparse.Namespace) -> None:
         force=False,
         gbdt="",
     )
-    bcm.run(rargs)
+    if args.run_dir:  # runs made before (their protocol.json names the commit and code that made them)
+        run_dir = Path(args.run_dir)
+        proto = json.loads((run_dir / "protocol.json").read_text())["protocol"]
+        if proto.get("target") != target.key or proto.get("trials") != args.trials:
+            raise SystemExit(
+                f"--run-dir {run_dir}: runs of target {proto.get('target')} with {proto.get('trials')} "
+                f"trials, not {target.key} with {args.trials}"
+            )
+    else:
+        bcm.run(rargs)
+        run_dir = bcm.protocol_dir(rargs)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        bcm.report(argparse.Namespace(run_dir=str(bcm.protocol_dir(rargs)), out=args.out,
-                                      suffix="_cuda_search", resamples=args.resamples))  # fmt: skip
+        bcm.report(argparse.Namespace(run_dir=str(run_dir), out=args.out, suffix="_cuda_search",
+                                      resamples=args.resamples))  # fmt: skip
     intro = SEARCH_INTRO.format(
         command=f"python scripts/bench_cost_model_cuda.py {shlex.join(sys.argv[1:])}",
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -579,6 +589,7 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--methods", default=SEARCH_METHODS)
     q.add_argument("--work", default="/tmp/kiln_cm_cuda", help="copies of the databases and the run results")
     q.add_argument("--report", default=None)
+    q.add_argument("--run-dir", default=None, help="report the runs of this protocol directory, run nothing")
     q.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "benchmarks"), help="curves")
     from scripts.bench_cost_model import add_search_options
 

@@ -151,3 +151,12 @@ def test_search_replays_only_complete_sub_spaces_and_never_writes_the_data(tmp_p
     assert "cold GBDT better than TPE + analytic prior" in text
     runs = list((tmp_path / "work" / "results").glob("t12_nodefault_*/*__*__*.json"))
     assert len(runs) == 8
+    # --run-dir reports those runs again without running anything; runs of another protocol are refused
+    again = tmp_path / "again.md"
+    common = ["search", "--db", url, "--train", train, "--work", str(tmp_path / "nothing")]
+    common += ["--out", str(tmp_path), "--resamples", "50"]
+    cuda_bench.main([*common, "--trials", "12", "--run-dir", str(runs[0].parent), "--report", str(again)])
+    assert not (tmp_path / "nothing" / "results").exists()
+    assert again.read_text().split("## Search efficiency")[1] == text.split("## Search efficiency")[1]
+    with pytest.raises(SystemExit, match=r"runs of target cuda/.* with 12 trials, not .* with 64"):
+        cuda_bench.main([*common, "--run-dir", str(runs[0].parent)])
