@@ -239,9 +239,9 @@ the same latency for a config. Methods: TPE alone, random, TPE + analytic prior,
 (no other workload's records: what `kiln tune --cost-model gbdt` runs on a new database) and TPE + GBDT
 warm-started from the CUDA TenSet pools `{train}` (rand7000-7063, disjoint from this set; twins excluded
 by family). The search does not measure the rule-based default first (its latency is shown for
-reference). A config the device cannot run (runtime errors, 8 per contraction sub-space that the builder
-now rejects before compiling, commit 5ce2561) is a failed trial for every method alike.
-Features use estimated registers, as `kiln tune` does.
+reference). A config the device could not run ({failed}; the builder now rejects such configs before
+compiling, commit 5ce2561) is a failed trial for every method alike. Features use estimated registers, as
+`kiln tune` does. {runs}
 
 Sub-spaces searched: {specs}.
 
@@ -324,9 +324,15 @@ def search(args: argparse.Namespace) -> None:
         raise SystemExit(f"--db {args.db}: one CUDA target expected, found {keys or 'none'}")
     target = target_of(src, keys[0])
     specs = complete_specs(src, target)
-    src.close()
     if not specs:
         raise SystemExit(f"--db {args.db}: no exhaustive sub-space is complete (run exhaust on a GPU)")
+    failed = []
+    for spec in specs:
+        task = get_task(spec, target, sub=True)
+        n = sum(r.status != Status.OK for r in src.find_records(task.workload_key, target.key))
+        if n:
+            failed.append(f"{n} configs of {spec}")
+    src.close()
     print(f"target {target.key}; complete sub-spaces: {', '.join(specs)}", flush=True)
     rargs = argparse.Namespace(
         cache=work_copy(args.db, work),
@@ -370,6 +376,14 @@ def search(args: argparse.Namespace) -> None:
         first=EXHAUST_FIRST,
         train=", ".join(_db_file(u) for u in args.train),
         specs=", ".join(specs),
+        failed=", ".join(failed) or "none",
+        runs=(
+            f"The runs were made before, by this command without `--run-dir` and `--report` (at the commit "
+            f"the Protocol line names; the directory `{args.run_dir}` holds one file per run and its "
+            f"protocol.json)."
+            if args.run_dir
+            else ""
+        ),
     )
     text = intro + "## Search efficiency\n\n" + buf.getvalue().strip() + "\n"
     print(text)
