@@ -149,6 +149,10 @@ def transposed_store_conflicts(
     return worst
 
 
+# the large-GEMM default's block tiles, in order of preference
+LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4))  # (bm, bn, tm, tn)
+
+
 class CudaContractionSketch(Sketch):
     """Contraction groups on the GPU: shared-memory tiles of A and B, a register tile of C per thread."""
 
@@ -281,24 +285,42 @@ class CudaContractionSketch(Sketch):
     def default(self, group: Group, target: Target) -> Config:
         m_ext, n_ext = G.anchor_extents(group)
         extra = {"min_blocks": 1, "group_m": 1, "warp_rows": 0, "swizzle": 0, "stages": 1}
+        batch = G.reduce_and_batch(group)[1]
+
+        def blocks(bm: int, bn: int) -> int:
+            return batch * -(-m_ext // bm) * -(-n_ext // bn)
+
+        def whole(bm: int, bn: int) -> bool:
+            # tiles that divide M and N: a partial tile at the edge made the H200 run the whole kernel
+            # 3-10x slower (benchmarks/cost_model_cuda_search.md, docs/cuda.md: on 19 of 19 random GEMMs'
+            # uniform pools the configs with partial tiles had a 3.45x slower median)
+            return m_ext % bm == 0 and n_ext % bn == 0
+
         if m_ext >= 512 and n_ext >= 512 and not G.is_conv(group):
             # large GEMMs: 128x128 block tiles, 8x8 per thread, prefetching double buffer
-            # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90)
+            # (nvcc: 128 registers, 32 KiB shared, no spills on sm_90); when 128 does not divide M or N,
+            # the largest smaller whole tile that gives every SM a block (else the largest whole one)
             tile = {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
+            if not whole(128, 128):
+                wholes = [t for t in LARGE_TILES[1:] if whole(t[0], t[1])]
+                pick = next((t for t in wholes if blocks(t[0], t[1]) >= target.cores), None)
+                pick = pick or (wholes[0] if wholes else None)
+                if pick is not None:
+                    tile.update(bm=pick[0], bn=pick[1], tm=pick[2], tn=pick[3])
         else:
             tile = {"bm": 64, "bn": 64, "bk": 16, "tm": 4, "tn": 4, "vector": 4, "double_buffer": 0}
-            # small grids (BERT's 128 x 768 projections): smaller tiles until every SM gets a block;
-            # tiles never exceed the extents' caps (check)
+            # small grids (BERT's 128 x 768 projections): smaller tiles until every SM gets a block,
+            # whole tiles first; tiles never exceed the extents' caps (check)
             fits = [
                 (bm, bn, tm, tn)
                 for bm, bn, tm, tn in ((64, 64, 4, 4), (64, 32, 4, 2), (32, 64, 2, 4), (32, 32, 2, 2))
                 if bm <= tile_cap(m_ext) and bn <= tile_cap(n_ext)
             ]  # (32, 32) always fits
-            batch = G.reduce_and_batch(group)[1]
-            for bm, bn, tm, tn in fits:
-                tile.update(bm=bm, bn=bn, tm=tm, tn=tn)
-                if G.is_conv(group) or batch * -(-m_ext // bm) * -(-n_ext // bn) >= target.cores:
-                    break
+            filling = [f for f in fits if blocks(f[0], f[1]) >= target.cores]
+            pick = next((f for f in filling if whole(f[0], f[1])), filling[0] if filling else fits[-1])
+            if G.is_conv(group):  # not measured with partial tiles: the first tile, as before
+                pick = fits[0]
+            tile.update(bm=pick[0], bn=pick[1], tm=pick[2], tn=pick[3])
         threads = (tile["bm"] // tile["tm"]) * (tile["bn"] // tile["tn"])
         pad = min((0, 4), key=lambda p: transposed_store_conflicts(tile["bm"], tile["bk"], 4, p, threads))
         config = {**tile, **extra, "smem_pad": pad}
