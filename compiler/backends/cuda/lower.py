@@ -59,6 +59,8 @@ from compiler.loopir.expr import (
     combine,
     const,
     free_vars,
+    lanes_of,
+    loads,
     logical_and,
     reduce_identity,
     select,
@@ -77,6 +79,7 @@ from compiler.loopir.stmt import (
     SeqStmt,
     Stmt,
     seq,
+    stmt_children,
     stmt_exprs,
     walk_stmts,
 )
@@ -127,13 +130,22 @@ def lower_gpu_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
         return func
     if not any(isinstance(s, For) and s.kind == "thread" for s in walk_stmts(func.body)):
         return lower_func(func, unroll)
-    return finish(lower_func(prepare(func), unroll))
+    prepared = prepare(func)
+    low = lower_func(prepared, unroll)
+    if prepared.attrs.get(REGISTER_GUARDS_DROPPED) and not register_accesses_in_bounds(low.body):
+        # a tile compacted to its whole extent: the dropped guards kept its reads in bounds
+        low = lower_func(prepare(func, drop_guards=False), unroll)
+    return finish(low)
 
 
 # ======================================================================= prepare
-def prepare(func: PrimFunc) -> PrimFunc:
+REGISTER_GUARDS_DROPPED = "kiln_register_guards_dropped"
+
+
+def prepare(func: PrimFunc, drop_guards: bool = True) -> PrimFunc:
     """A copy of the block-level ``func`` with unified thread variables and cross-thread reductions
-    rewritten into warp/block all-reduce code (marked as prepared for ``lower_func``)."""
+    rewritten into warp/block all-reduce code (marked as prepared for ``lower_func``); with
+    ``drop_guards``, register-only blocks lose their spatial guards (:func:`drop_register_guards`)."""
     func = copy.deepcopy(func)
     func.attrs[THREAD_LOOPS_PREPARED] = True
     root = func.body
@@ -143,7 +155,101 @@ def prepare(func: PrimFunc) -> PrimFunc:
         for b in [*([nest] if isinstance(nest, Block) else []), *A.blocks_under(nest)]:
             if b.is_reduction:
                 _lower_cross_thread(root, b, dims, canon, func.name)
+    if drop_guards:
+        dropped = sum(drop_register_guards(root, b) for b in A.blocks_under(root))
+        func.attrs[REGISTER_GUARDS_DROPPED] = dropped
     return func
+
+
+def register_accesses_in_bounds(body: Stmt) -> bool:
+    """Every read of a shared or local buffer and every store to a local one in ``body`` (lowered, buffers
+    compacted) stays inside the buffer for all values of the enclosing loops, whatever the guards say."""
+    from compiler.loopir.simplify import affine_bound, simplify, to_affine
+
+    def inside(buf: Buffer, idx: tuple[Expr, ...], lanes: int, ranges: dict) -> bool:
+        for d, (i, size) in enumerate(zip(idx, buf.shape)):
+            try:
+                r = affine_bound(to_affine(simplify(i, ranges), ranges), ranges)
+            except CompileError:
+                return False
+            last = lanes - 1 if d == len(buf.shape) - 1 else 0
+            if r is None or r[0] < 0 or r[1] + last >= size:
+                return False
+        return True
+
+    def visit(s: Stmt, ranges: dict) -> bool:
+        reads = [ld for e in stmt_exprs(s) for ld in loads(e) if ld.buffer.scope in ("shared", "local")]
+        if not all(inside(ld.buffer, ld.indices, ld.lanes, ranges) for ld in reads):
+            return False
+        if (
+            isinstance(s, BufferStore)
+            and s.buffer.scope == "local"
+            and not inside(s.buffer, s.indices, lanes_of(s.value.dtype), ranges)
+        ):
+            return False
+        if isinstance(s, For):
+            ranges = {**ranges, s.var: (0, s.extent - 1)}
+        return all(visit(c, ranges) for c in stmt_children(s))
+
+    return visit(body, {})
+
+
+def drop_register_guards(root: Block, b: Block) -> int:
+    """Drop the conjuncts of ``b``'s predicate that only bound its spatial iteration (a partial tile's
+    rows and columns past the output) when ``b`` only computes in registers: its stores go to ``local``
+    buffers and its loads read ``local`` or ``shared`` buffers (the tiles, sized for the whole tile), so an
+    out-of-range point computes a value no one stores (the block that writes the output keeps its guard).
+    A conjunct that involves a reduction variable stays (a K tail must not accumulate), and so does one
+    whose tile is wider than the whole extent it bounds (``e < B`` where ``e`` spans more than ``B`` values
+    within one thread block: the tiles are then compacted to the extent, and the unguarded reads would
+    leave them). Why: a guarded
+    register tile puts ``tm`` branches, each reloading its operands from shared memory, into the inner
+    loop of every block, not only the edge ones; on the H200 such GEMMs ran 3-10x slower than with whole
+    tiles (docs/cuda.md)."""
+    if b.predicate is None or b.alloc_buffers:
+        return 0
+    stmts = [x for part in (b.body, b.init) if part is not None for x in walk_stmts(part)]
+    if not all(isinstance(x, (BufferStore, SeqStmt)) for x in stmts):
+        return 0
+    stores = [x for x in stmts if isinstance(x, BufferStore)]
+    if not stores or any(st.buffer.scope != "local" for st in stores):
+        return 0
+    reads = [ld for st in stores for e in (st.value, *st.indices) for ld in loads(e)]
+    if any(ld.buffer.scope not in ("local", "shared") for ld in reads):
+        return 0
+    spatial: set[Var] = set()
+    reduce_: set[Var] = set()
+    for iv, e in zip(b.iter_vars, b.bindings):
+        (reduce_ if iv.kind == "R" else spatial).update(free_vars(e))
+    bind = dict(zip((iv.var for iv in b.iter_vars), b.bindings))
+    loops = [s for s in A.ancestors(root, b) if isinstance(s, For)]
+    # one thread block's ranges: its blockIdx loops fixed at 0, every other loop over its extent
+    ranges = {
+        lp.var: (0, 0 if (lp.thread or "").startswith("blockIdx") else lp.extent - 1) for lp in loops
+    }
+    keep = []
+    for c in _conjuncts(b.predicate):
+        c_bound = substitute(c, bind)
+        used = free_vars(c_bound)
+        if used & reduce_ or not used <= spatial or not _tile_within(c_bound, ranges):
+            keep.append(c)
+    dropped = len(_conjuncts(b.predicate)) - len(keep)
+    b.predicate = logical_and(*keep) if keep else None
+    return dropped
+
+
+def _tile_within(c: Expr, ranges: dict[Var, tuple[int, int]]) -> bool:
+    """``c`` is ``e < B`` (a constant B) and ``e`` takes at most ``B`` values within one thread block."""
+    from compiler.loopir.expr import Compare, Const
+    from compiler.loopir.simplify import affine_bound, to_affine
+
+    if not (isinstance(c, Compare) and c.op == "<" and isinstance(c.b, Const)):
+        return False
+    try:
+        r = affine_bound(to_affine(c.a, ranges), ranges)
+    except CompileError:
+        return False
+    return r is not None and r[1] - r[0] + 1 <= int(c.b.value)
 
 
 def unify_thread_vars(nest: Stmt, fname: str = "?") -> tuple[dict[str, int], dict[str, Var]]:
