@@ -392,6 +392,46 @@ def search(args: argparse.Namespace) -> None:
         print(f"wrote {args.report}")
 
 
+# ------------------------------------------------------------------------------------------------ compare
+def compare(args: argparse.Namespace) -> None:
+    """Two exhaust databases of the same sub-spaces measured under different code (``--before``, e.g. the
+    committed H200 data, and ``--after``, a new `exhaust` run): per contraction sub-space, the median
+    after/before latency ratio of the configs whose tiles leave a partial edge tile and of those whose tiles
+    divide the output (the control), and each side's best."""
+    from compiler.backends.cuda.sketches.contraction import G
+
+    dbs = [TuningDatabase.open(u) for u in (args.before, args.after)]
+    keys = [sorted(k for k in db.target_keys() if k.startswith("cuda/")) for db in dbs]
+    if any(len(k) != 1 for k in keys):
+        raise SystemExit(f"--before/--after: one CUDA target each expected, found {keys}")
+    target = target_of(dbs[0], keys[0][0])
+    print(f"before `{args.before}` ({keys[0][0]}), after `{args.after}` ({keys[1][0]})")
+    print()
+    print("| sub-space | M x N | partial-tile configs | median after/before | whole-tile configs | "
+          "median after/before | best before us | best after us |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for spec in exhaust_specs(target):
+        task = get_task(spec, target, sub=True)
+        if task.kind != "contraction":
+            continue
+        lat = []
+        for db, key in zip(dbs, keys):
+            recs = db.find_records(task.workload_key, key[0])
+            lat.append({config_json(r.config): r.median_us for r in recs if r.median_us})
+        both = [c for c in lat[0] if c in lat[1]]
+        if not both:
+            continue
+        m_ext, n_ext = G.anchor_extents(task.group)
+        split: dict[bool, list[float]] = {True: [], False: []}
+        for c in both:
+            cfg = json.loads(c)
+            whole = m_ext % cfg["bm"] == 0 and n_ext % cfg["bn"] == 0
+            split[whole].append(lat[1][c] / lat[0][c])
+        cells = [f"{len(v)} | {np.median(v):.2f}" if v else "0 | -" for v in (split[False], split[True])]
+        print(f"| {spec} | {m_ext} x {n_ext} | {cells[0]} | {cells[1]} | {min(lat[0].values()):.1f} | "
+              f"{min(lat[1].values()):.1f} |")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ heldout
 class Source:
     """One collected database: its records of the target and the registers its builds reported."""
@@ -609,12 +649,16 @@ def main(argv: list[str] | None = None) -> None:
 
     add_search_options(q, None, report=False)
     q.add_argument("--resamples", type=int, default=2000)
+    k = sub.add_parser("compare", help="two exhaust databases: partial vs whole tiles, after / before")
+    k.add_argument("--before", required=True, help="sqlite:///FILE (e.g. the committed H200 exhaust data)")
+    k.add_argument("--after", required=True, help="sqlite:///FILE (an exhaust run under newer code)")
     h = sub.add_parser("heldout", help="score the GBDT and the prior on the held-out CUDA workloads")
     h.add_argument("--db", required=True, action="append", help="a collected database (repeat for several)")
     h.add_argument("--target", default=None, help="the CUDA target key (default: the database's only one)")
     h.add_argument("--report", default=None)
     args = p.parse_args(argv)
-    {"collect": collect, "exhaust": exhaust, "search": search, "heldout": heldout}[args.cmd](args)
+    commands = {"collect": collect, "exhaust": exhaust, "search": search, "compare": compare}
+    {**commands, "heldout": heldout}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -160,3 +160,27 @@ def test_search_replays_only_complete_sub_spaces_and_never_writes_the_data(tmp_p
     assert again.read_text().split("## Search efficiency")[1] == text.split("## Search efficiency")[1]
     with pytest.raises(SystemExit, match=r"runs of target cuda/.* with 12 trials, not .* with 64"):
         cuda_bench.main([*common, "--run-dir", str(runs[0].parent)])
+
+
+def test_compare_splits_partial_and_whole_tiles(tmp_path, capsys):
+    """compare: per contraction sub-space, after/before medians of the configs with partial edge tiles and
+    of those whose tiles divide the output (1472 x 1344: bm 128 leaves a partial tile, 64 does not)."""
+    target = Target.cuda("sm_90", "NVIDIA H200")
+    task = cpu_bench.get_task("synth:rand8000@gpu", target, sub=True)
+    configs = cpu_bench.valid_configs(task)
+    partial = [c for c in configs if c["bm"] == 128][:3]
+    whole = [c for c in configs if c["bm"] == 64 and 1344 % c["bn"] == 0][:3]
+    urls = []
+    for name, factor in (("before", 1.0), ("after", 0.5)):
+        url = f"sqlite:///{tmp_path}/{name}.db"
+        urls.append(url)
+        db = TuningDatabase.open(url)
+        db.commit_target(target.key, target.to_json())
+        db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)
+        recs = [(c, 100.0 * (factor if c in partial else 1.0)) for c in partial + whole]
+        db.commit_records([RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
+                                    [lat], Status.OK) for c, lat in recs])  # fmt: skip
+        db.close()
+    cuda_bench.main(["compare", "--before", urls[0], "--after", urls[1]])
+    out = capsys.readouterr().out
+    assert "| synth:rand8000@gpu | 1472 x 1344 | 3 | 0.50 | 3 | 1.00 | 100.0 | 50.0 |" in out
