@@ -112,13 +112,19 @@ def measure_into(
     return recs
 
 
-def collect(args: argparse.Namespace) -> None:
+def measuring(args: argparse.Namespace):
+    """What collect and exhaust measure with: this GPU's target, ``--db`` (the target committed), the
+    registers' sidecar file and what it holds, and the measurer."""
     target = Target.parse("cuda")
     db = TuningDatabase.open(args.db)
     db.commit_target(target.key, target.to_json())
     regs_path = Path(_db_file(args.db) + ".regs.json")
     regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
-    m = cuda_measurer(args, target)
+    return target, db, regs_path, regs, cuda_measurer(args, target)
+
+
+def collect(args: argparse.Namespace) -> None:
+    target, db, regs_path, regs, m = measuring(args)
     t0 = time.monotonic()
     n_workloads = n_ok = 0
     print(f"target {target.key}; pools of {args.pool} + default; budget {args.budget_s:.0f} s", flush=True)
@@ -167,12 +173,7 @@ def exhaust(args: argparse.Namespace) -> None:
     """Measure every valid config of each exhaustive sub-space (exhaust_specs) into ``--db``, in chunks
     committed as they are measured; a workload already complete there is skipped, a partial one continued.
     No new chunk is started after ``--budget-s``."""
-    target = Target.parse("cuda")
-    db = TuningDatabase.open(args.db)
-    db.commit_target(target.key, target.to_json())
-    regs_path = Path(_db_file(args.db) + ".regs.json")
-    regs: dict[str, dict[str, int]] = json.loads(regs_path.read_text()) if regs_path.exists() else {}
-    m = cuda_measurer(args, target)
+    target, db, regs_path, regs, m = measuring(args)
     t0 = time.monotonic()
     complete: list[str] = []
     specs = exhaust_specs(target, args.per_kind)
@@ -613,28 +614,28 @@ def heldout(args: argparse.Namespace) -> None:
         print(f"wrote {args.report}")
 
 
+def add_measure_options(q: argparse.ArgumentParser, budget_s: float, workers: int, budget_help: str) -> None:
+    """The options of a command that measures on the GPU (collect, exhaust)."""
+    q.add_argument("--db", required=True, help="sqlite:///FILE (the registers go to FILE.regs.json)")
+    q.add_argument("--budget-s", type=float, default=budget_s, help=budget_help)
+    q.add_argument("--workers", type=int, default=workers, help="NVRTC build processes")
+    q.add_argument("--repeats", type=int, default=5)
+    q.add_argument("--sample-ms", type=float, default=1.0)
+    q.add_argument("--cupy-module", default=None, help="a simulated CuPy, for a dry run without a GPU")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="measure the CUDA pools (needs a GPU, or --cupy-module for a dry run)")
-    c.add_argument("--db", required=True, help="sqlite:///FILE (the registers go to FILE.regs.json)")
+    add_measure_options(c, 240.0, 12, "no new workload is started after this")
     c.add_argument("--first", type=int, default=FIRST)
     c.add_argument("--count", type=int, default=COUNT)
     c.add_argument("--pool", type=int, default=POOL)
-    c.add_argument("--budget-s", type=float, default=240.0, help="no new workload is started after this")
-    c.add_argument("--workers", type=int, default=12, help="NVRTC build processes")
-    c.add_argument("--repeats", type=int, default=5)
-    c.add_argument("--sample-ms", type=float, default=1.0)
-    c.add_argument("--cupy-module", default=None, help="a simulated CuPy, for a dry run without a GPU")
     e = sub.add_parser("exhaust", help="measure whole CUDA sub-spaces for replayed searches (needs a GPU)")
-    e.add_argument("--db", required=True, help="sqlite:///FILE (the registers go to FILE.regs.json)")
+    add_measure_options(e, 480.0, 14, "no new chunk is started after this")
     e.add_argument("--per-kind", type=int, default=EXHAUST_PER_KIND)
     e.add_argument("--chunk", type=int, default=EXHAUST_CHUNK, help="configs built and run per commit")
-    e.add_argument("--budget-s", type=float, default=480.0, help="no new chunk is started after this")
-    e.add_argument("--workers", type=int, default=14, help="NVRTC build processes")
-    e.add_argument("--repeats", type=int, default=5)
-    e.add_argument("--sample-ms", type=float, default=1.0)
-    e.add_argument("--cupy-module", default=None, help="a simulated CuPy, for a dry run without a GPU")
     q = sub.add_parser("search", help="replay the search methods over the complete exhaustive sub-spaces")
     q.add_argument("--db", required=True, help="the exhaust database (sqlite:///FILE; read, never written)")
     q.add_argument(
