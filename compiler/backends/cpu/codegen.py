@@ -84,6 +84,7 @@ from compiler.loopir.stmt import (
     stmt_exprs,
     walk_stmts,
 )
+from compiler.loopir.unswitch import unswitch_guards
 
 STACK_LIMIT = 64 * 1024  # bytes; larger allocations go to the heap
 # most scalar variables a local buffer is promoted to (promote_locals' max_scalars): x86 has 16-32 vector
@@ -119,6 +120,27 @@ def max_lanes(target: Any) -> int | None:
     a target."""
     vector_bytes = getattr(target, "vector_bytes", None)
     return max(4, min(16, vector_bytes // 4)) if vector_bytes else None
+
+
+def unswitch_enabled() -> bool:
+    """``$KILN_CPU_UNSWITCH``: ``1`` (the default) unswitches edge guards, ``0`` keeps them in the inner
+    loops as lowered (scripts/bench_edge_tiles.py compares the two)."""
+    value = os.environ.get("KILN_CPU_UNSWITCH", "1")
+    if value not in ("0", "1"):
+        raise CompileError(f"KILN_CPU_UNSWITCH={value!r}: expected 1 (unswitch edge guards) or 0")
+    return value == "1"
+
+
+def unswitched(func: PrimFunc) -> PrimFunc:
+    """``func`` with its edge guards unswitched out of inner loops (compiler.loopir.unswitch), so a tiled
+    kernel runs its whole tiles unguarded; code generation only (the cost model's features describe the
+    lowered kernel, one copy of each statement)."""
+    if not unswitch_enabled():
+        return func
+    body = unswitch_guards(func.body)
+    if body is func.body:
+        return func
+    return PrimFunc(func.name, func.params, body, func.num_inputs, dict(func.attrs))
 
 
 def prepare(func: PrimFunc, target: Any = None) -> PrimFunc:
@@ -596,7 +618,7 @@ def generate_c(
                 raise CompileError(
                     f"kernel {f.name}: buffer {b.name} is bfloat16, which the cpu target lacks"
                 )
-        kernels.append(printer.function(prepare(f, target)))
+        kernels.append(printer.function(prepare(unswitched(f), target)))
     if printer.parallel == "openmp":
         runtime = (
             f"{OPENMP_MARK}\nextern void omp_set_num_threads(int);\n"
