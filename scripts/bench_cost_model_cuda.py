@@ -277,35 +277,29 @@ def work_copy(url: str, work: Path) -> str:
     return f"sqlite:///{out}"
 
 
-def merged(urls: list[str], target_key: str, work: Path) -> str:
-    """One database under ``work`` holding the workloads and records of ``target_key`` of every database of
-    ``urls`` (the warm start reads one), named by their contents' hashes."""
+def merged(urls: list[str], work: Path) -> str:
+    """One database under ``work`` holding everything of the databases of ``urls`` (the warm start reads
+    one), named by their contents' hashes."""
     import hashlib
 
     digest = hashlib.sha256(b"".join(Path(_db_file(u)).read_bytes() for u in urls)).hexdigest()[:12]
     out = work / f"cuda_train_{digest}.db"
-    if out.exists():
-        return f"sqlite:///{out}"
-    tmp = out.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    dst = TuningDatabase.open(f"sqlite:///{tmp}")
-    for url in urls:
-        src = TuningDatabase.open(url)
-        dst.commit_target(target_key, src.target_info(target_key))
-        infos = {w.key: w for w in src.workloads()}
-        records = src.find_records(None, target_key)
-        for key in {r.workload_key for r in records}:
-            w = infos[key]
-            dst.commit_workload(key, src.workload_canonical(key), w.kind, w.flops, w.bytes)
-        dst.commit_records([
-            RecordIn(r.workload_key, r.target_key, r.sketch, r.sketch_version, dict(r.config),
-                     list(r.latencies_us) if r.latencies_us else None, r.status, r.error)
-            for r in records
-        ])  # fmt: skip
-        src.close()
-    dst.close()
-    tmp.rename(out)
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        with TuningDatabase.open(f"sqlite:///{tmp}") as dst:
+            for url in urls:
+                dst.merge_from(url, strict=True)
+        tmp.rename(out)
     return f"sqlite:///{out}"
+
+
+def only_cuda_target(db: TuningDatabase, what: str) -> Target:
+    """The one CUDA target ``db`` holds records of (as the database describes it)."""
+    keys = sorted(k for k in db.target_keys() if k.startswith("cuda/"))
+    if len(keys) != 1:
+        raise SystemExit(f"{what}: one CUDA target expected, found {keys or 'none'}")
+    return target_of(db, keys[0])
 
 
 def search(args: argparse.Namespace) -> None:
@@ -320,10 +314,7 @@ def search(args: argparse.Namespace) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     src = TuningDatabase.open(args.db)
-    keys = sorted(k for k in src.target_keys() if k.startswith("cuda/"))
-    if len(keys) != 1:
-        raise SystemExit(f"--db {args.db}: one CUDA target expected, found {keys or 'none'}")
-    target = target_of(src, keys[0])
+    target = only_cuda_target(src, f"--db {args.db}")
     specs = complete_specs(src, target)
     if not specs:
         raise SystemExit(f"--db {args.db}: no exhaustive sub-space is complete (run exhaust on a GPU)")
@@ -337,7 +328,7 @@ def search(args: argparse.Namespace) -> None:
     print(f"target {target.key}; complete sub-spaces: {', '.join(specs)}", flush=True)
     rargs = argparse.Namespace(
         cache=work_copy(args.db, work),
-        train_cache=merged(args.train, target.key, work),
+        train_cache=merged(args.train, work),
         target=target.key,
         threads=1,
         workloads=",".join(specs),
@@ -401,12 +392,11 @@ def compare(args: argparse.Namespace) -> None:
     divide the output (the control), and each side's best."""
     from compiler.backends.cuda.sketches.contraction import G
 
-    dbs = [TuningDatabase.open(u) for u in (args.before, args.after)]
-    keys = [sorted(k for k in db.target_keys() if k.startswith("cuda/")) for db in dbs]
-    if any(len(k) != 1 for k in keys):
-        raise SystemExit(f"--before/--after: one CUDA target each expected, found {keys}")
-    target = target_of(dbs[0], keys[0][0])
-    print(f"before `{args.before}` ({keys[0][0]}), after `{args.after}` ({keys[1][0]})")
+    sides = {"before": args.before, "after": args.after}
+    dbs = [TuningDatabase.open(u) for u in sides.values()]
+    targets = [only_cuda_target(db, f"--{side} {u}") for db, (side, u) in zip(dbs, sides.items())]
+    target = targets[0]
+    print(f"before `{args.before}` ({targets[0].key}), after `{args.after}` ({targets[1].key})")
     print()
     print("| sub-space | M x N | partial-tile configs | median after/before | whole-tile configs | "
           "median after/before | best before us | best after us |")  # fmt: skip
@@ -416,8 +406,8 @@ def compare(args: argparse.Namespace) -> None:
         if task.kind != "contraction":
             continue
         lat = []
-        for db, key in zip(dbs, keys):
-            recs = db.find_records(task.workload_key, key[0])
+        for db, t in zip(dbs, targets):
+            recs = db.find_records(task.workload_key, t.key)
             lat.append({config_json(r.config): r.median_us for r in recs if r.median_us})
         both = [c for c in lat[0] if c in lat[1]]
         if not both:

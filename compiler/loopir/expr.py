@@ -345,6 +345,13 @@ def logical_and(*terms: Expr) -> Expr:
     return out if out is not None else const(True)
 
 
+def conjuncts(e: Expr) -> list[Expr]:
+    """The terms of a conjunction (``a && b && ...``): what :func:`logical_and` joined."""
+    if isinstance(e, Logical) and e.op == "and":
+        return conjuncts(e.a) + conjuncts(e.b)  # type: ignore[arg-type]
+    return [e]
+
+
 def reduce_identity(combiner: str, dtype: str) -> Const:
     """The value a reduction starts from: 0 for sum, the lowest/highest value for max/min."""
     if combiner == "sum":

@@ -20,9 +20,9 @@ from compiler.loopir.expr import (
     Const,
     Expr,
     Load,
-    Logical,
     Var,
     combine,
+    conjuncts,
     const,
     free_vars,
     logical_and,
@@ -234,12 +234,6 @@ def _clean(s: Stmt) -> Stmt:
     return _Clean().visit_stmt(s)
 
 
-def _conjuncts(e: Expr) -> list[Expr]:
-    if isinstance(e, Logical) and e.op == "and":
-        return _conjuncts(e.a) + _conjuncts(e.b)  # type: ignore[arg-type]
-    return [e]
-
-
 class _HoistIfs(StmtMutator):
     """Move guard conjuncts that do not depend on a loop's variable out of that loop:
     ``for i { if (a && b(i)) S }`` -> ``if (a) for i { if (b(i)) S }`` (innermost loops first)."""
@@ -247,7 +241,7 @@ class _HoistIfs(StmtMutator):
     def visit_For(self, s: For) -> Stmt:
         body = self.visit_stmt(s.body)
         if isinstance(body, IfThenElse) and body.else_ is None and s.kind != "thread":
-            parts = _conjuncts(body.cond)
+            parts = conjuncts(body.cond)
             outside = [c for c in parts if s.var not in free_vars(c)]
             if outside:
                 inside = [c for c in parts if s.var in free_vars(c)]

@@ -259,12 +259,6 @@ def _in_iter_vars(block: Block, guard: Expr) -> Expr:
     return out
 
 
-def _conjuncts(e: Expr) -> list[Expr]:
-    if isinstance(e, Logical) and e.op == "and":
-        return _conjuncts(e.a) + _conjuncts(e.b)  # type: ignore[arg-type]
-    return [e]
-
-
 def _name(node: Stmt) -> str:
     if isinstance(node, For):
         return f"loop {node.var.name}"

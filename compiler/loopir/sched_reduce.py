@@ -11,6 +11,7 @@ from compiler.loopir.expr import (
     Load,
     Var,
     combine,
+    conjuncts,
     free_vars,
     logical_and,
     substitute,
@@ -18,7 +19,6 @@ from compiler.loopir.expr import (
 from compiler.loopir.sched_base import (
     _COMBINER_OF,
     ScheduleBase,
-    _conjuncts,
     _identity,
     _subst_stmt,
 )
@@ -137,7 +137,7 @@ class ReductionPrimitives(ScheduleBase):
         pred = None
         if block.predicate is not None:
             allowed = set(new_vars) | {lp.var for lp in loops[: loops.index(loop)]}
-            kept = [c for c in _conjuncts(block.predicate) if free_vars(c) <= allowed]
+            kept = [c for c in conjuncts(block.predicate) if free_vars(c) <= allowed]
             pred = substitute(logical_and(*kept), new_vars) if kept else None  # type: ignore[arg-type]
         init_block = Block(
             f"{block.name}_init", ivs, [substitute(e, new_vars) for _, e in s_bind], init, None, pred

@@ -11,6 +11,7 @@ from compiler.loopir import analysis as A
 from compiler.loopir.expr import (
     Expr,
     Load,
+    conjuncts,
     free_vars,
     logical_and,
     replace_buffer_loads,
@@ -18,7 +19,6 @@ from compiler.loopir.expr import (
 )
 from compiler.loopir.sched_base import (
     ScheduleBase,
-    _conjuncts,
     _in_bounds,
     _in_iter_vars,
 )
@@ -154,7 +154,7 @@ class StoragePrimitives(ScheduleBase):
         self._check_loop(loop)
         if block not in A.blocks_under(loop):
             raise ScheduleError(f"pad: loop {loop.var.name} does not contain block {block.name}")
-        conj = _conjuncts(block.predicate) if block.predicate is not None else []
+        conj = conjuncts(block.predicate) if block.predicate is not None else []
         removed = [c for c in conj if loop.var in free_vars(c)]
         if not removed:
             raise ScheduleError(f"pad: block {block.name} has no guard on loop {loop.var.name}")

@@ -17,16 +17,10 @@ versioned again for the same guards (their variables are bound inside the outer 
 
 from __future__ import annotations
 
-from compiler.loopir.expr import Expr, Load, Logical, Var, free_vars, logical_and, walk
+from compiler.loopir.expr import Expr, Load, Var, conjuncts, free_vars, logical_and, walk
 from compiler.loopir.simplify import key
 from compiler.loopir.stmt import For, IfThenElse, LetStmt, Stmt, stmt_children, walk_stmts
 from compiler.loopir.visitor import StmtMutator, with_body
-
-
-def _conjuncts(e: Expr) -> list[Expr]:
-    if isinstance(e, Logical) and e.op == "and":
-        return _conjuncts(e.a) + _conjuncts(e.b)  # type: ignore[arg-type]
-    return [e]
 
 
 def _bound_inside(s: Stmt) -> set[Var]:
@@ -41,7 +35,7 @@ def _invariant_guards(loop: For) -> list[Expr]:
 
     def collect(s: Stmt, in_loop: bool) -> None:
         if isinstance(s, IfThenElse) and s.else_ is None and in_loop:
-            for c in _conjuncts(s.cond):
+            for c in conjuncts(s.cond):
                 vs = free_vars(c)
                 if loop.var in vs and not vs & inner and not any(isinstance(x, Load) for x in walk(c)):
                     found.setdefault(key(c), c)
@@ -61,7 +55,7 @@ class _Assume(StmtMutator):
     def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
         then = self.visit_stmt(s.then)
         else_ = self.visit_stmt(s.else_) if s.else_ is not None else None
-        rest = [c for c in _conjuncts(s.cond) if key(c) not in self.known]
+        rest = [c for c in conjuncts(s.cond) if key(c) not in self.known]
         if not rest:
             return then
         return IfThenElse(logical_and(*rest), then, else_)

@@ -94,9 +94,9 @@ def test_an_unknown_sub_space_suffix_is_named():
         cpu_bench.get_task("synth:rand8000@gpus", Target.cuda(), sub=True)
 
 
-def _complete_table(url: str, target: Target, spec: str, ex: FeatureExtractor, wrong: bool) -> None:
-    """Every valid config of ``spec`` with a latency that follows the analytic prior (``wrong``: its
-    inverse, so that the prior ranks the best config last)."""
+def _complete_table(url: str, target: Target, spec: str, ex: FeatureExtractor) -> None:
+    """Every valid config of ``spec`` with a latency the inverse of the analytic prior's estimate (the
+    prior ranks the best config last)."""
     db = TuningDatabase.open(url)
     db.commit_target(target.key, target.to_json())
     task = cpu_bench.get_task(spec, target, sub=True)
@@ -104,7 +104,7 @@ def _complete_table(url: str, target: Target, spec: str, ex: FeatureExtractor, w
     recs = []
     for c in cpu_bench.valid_configs(task):
         est = float(ex.get(task.group, target, c, task.sketch.name)[EST_INDEX])
-        lat = float(2.0 ** (-est if wrong else est))
+        lat = float(2.0**-est)
         recs.append(RecordIn(task.workload_key, target.key, task.sketch.name, task.sketch.version, c,
                              [lat, lat, lat], Status.OK))  # fmt: skip
     db.commit_records(recs)
@@ -119,7 +119,7 @@ def test_search_replays_only_complete_sub_spaces_and_never_writes_the_data(tmp_p
     ex = FeatureExtractor()
     data = tmp_path / "exhaust.db"
     url = f"sqlite:///{data}"
-    _complete_table(url, target, "synth:rand8002@gpu", ex, wrong=True)
+    _complete_table(url, target, "synth:rand8002@gpu", ex)
     db = TuningDatabase.open(url)
     task = cpu_bench.get_task("synth:rand8000@gpu", target, sub=True)
     db.commit_workload(task.workload_key, task.group.canonical(), task.kind, task.flops, task.bytes)

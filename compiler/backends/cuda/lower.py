@@ -51,12 +51,14 @@ from compiler.loopir import analysis as A
 from compiler.loopir.expr import (
     Binary,
     Call,
+    Compare,
+    Const,
     Expr,
     IterVar,
     Load,
-    Logical,
     Var,
     combine,
+    conjuncts,
     const,
     free_vars,
     lanes_of,
@@ -67,6 +69,7 @@ from compiler.loopir.expr import (
     substitute,
 )
 from compiler.loopir.lower import THREAD_LOOPS_PREPARED, lower_func
+from compiler.loopir.simplify import affine_bound, simplify, to_affine
 from compiler.loopir.stmt import (
     Allocate,
     Barrier,
@@ -131,21 +134,18 @@ def lower_gpu_func(func: PrimFunc, unroll: bool = True) -> PrimFunc:
     if not any(isinstance(s, For) and s.kind == "thread" for s in walk_stmts(func.body)):
         return lower_func(func, unroll)
     prepared = prepare(func)
+    dropped = drop_all_register_guards(prepared.body)
     low = lower_func(prepared, unroll)
-    if prepared.attrs.get(REGISTER_GUARDS_DROPPED) and not register_accesses_in_bounds(low.body):
+    if dropped and not register_accesses_in_bounds(low.body):
         # a tile compacted to its whole extent: the dropped guards kept its reads in bounds
-        low = lower_func(prepare(func, drop_guards=False), unroll)
+        low = lower_func(prepare(func), unroll)
     return finish(low)
 
 
 # ======================================================================= prepare
-REGISTER_GUARDS_DROPPED = "kiln_register_guards_dropped"
-
-
-def prepare(func: PrimFunc, drop_guards: bool = True) -> PrimFunc:
+def prepare(func: PrimFunc) -> PrimFunc:
     """A copy of the block-level ``func`` with unified thread variables and cross-thread reductions
-    rewritten into warp/block all-reduce code (marked as prepared for ``lower_func``); with
-    ``drop_guards``, register-only blocks lose their spatial guards (:func:`drop_register_guards`)."""
+    rewritten into warp/block all-reduce code (marked as prepared for ``lower_func``)."""
     func = copy.deepcopy(func)
     func.attrs[THREAD_LOOPS_PREPARED] = True
     root = func.body
@@ -155,16 +155,18 @@ def prepare(func: PrimFunc, drop_guards: bool = True) -> PrimFunc:
         for b in [*([nest] if isinstance(nest, Block) else []), *A.blocks_under(nest)]:
             if b.is_reduction:
                 _lower_cross_thread(root, b, dims, canon, func.name)
-    if drop_guards:
-        dropped = sum(drop_register_guards(root, b) for b in A.blocks_under(root))
-        func.attrs[REGISTER_GUARDS_DROPPED] = dropped
     return func
+
+
+def drop_all_register_guards(root: Block) -> int:
+    """:func:`drop_register_guards` on every block under ``root`` (in place); how many conjuncts went."""
+    parents = A.parent_map(root)  # dropping conjuncts edits predicates only, never the tree
+    return sum(drop_register_guards(root, b, parents) for b in A.blocks_under(root))
 
 
 def register_accesses_in_bounds(body: Stmt) -> bool:
     """Every read of a shared or local buffer and every store to a local one in ``body`` (lowered, buffers
     compacted) stays inside the buffer for all values of the enclosing loops, whatever the guards say."""
-    from compiler.loopir.simplify import affine_bound, simplify, to_affine
 
     def inside(buf: Buffer, idx: tuple[Expr, ...], lanes: int, ranges: dict) -> bool:
         for d, (i, size) in enumerate(zip(idx, buf.shape)):
@@ -194,7 +196,7 @@ def register_accesses_in_bounds(body: Stmt) -> bool:
     return visit(body, {})
 
 
-def drop_register_guards(root: Block, b: Block) -> int:
+def drop_register_guards(root: Block, b: Block, parents: dict[int, Stmt] | None = None) -> int:
     """Drop the conjuncts of ``b``'s predicate that only bound its spatial iteration (a partial tile's
     rows and columns past the output) when ``b`` only computes in registers: its stores go to ``local``
     buffers and its loads read ``local`` or ``shared`` buffers (the tiles, sized for the whole tile), so an
@@ -202,10 +204,11 @@ def drop_register_guards(root: Block, b: Block) -> int:
     A conjunct that involves a reduction variable stays (a K tail must not accumulate), and so does one
     whose tile is wider than the whole extent it bounds (``e < B`` where ``e`` spans more than ``B`` values
     within one thread block: the tiles are then compacted to the extent, and the unguarded reads would
-    leave them). Why: a guarded
-    register tile puts ``tm`` branches, each reloading its operands from shared memory, into the inner
-    loop of every block, not only the edge ones; on the H200 such GEMMs ran 3-10x slower than with whole
-    tiles (docs/cuda.md)."""
+    leave them). Returns how many conjuncts were dropped.
+
+    Why: a guarded register tile puts ``tm`` branches, each reloading its operands from shared memory,
+    into the inner loop of every block, not only the edge ones; on the H200 such GEMMs ran 3-10x slower
+    than with whole tiles (docs/cuda.md)."""
     if b.predicate is None or b.alloc_buffers:
         return 0
     stmts = [x for part in (b.body, b.init) if part is not None for x in walk_stmts(part)]
@@ -222,27 +225,24 @@ def drop_register_guards(root: Block, b: Block) -> int:
     for iv, e in zip(b.iter_vars, b.bindings):
         (reduce_ if iv.kind == "R" else spatial).update(free_vars(e))
     bind = dict(zip((iv.var for iv in b.iter_vars), b.bindings))
-    loops = [s for s in A.ancestors(root, b) if isinstance(s, For)]
+    loops = [s for s in A.ancestors(root, b, parents) if isinstance(s, For)]
     # one thread block's ranges: its blockIdx loops fixed at 0, every other loop over its extent
     ranges = {
         lp.var: (0, 0 if (lp.thread or "").startswith("blockIdx") else lp.extent - 1) for lp in loops
     }
     keep = []
-    for c in _conjuncts(b.predicate):
+    for c in conjuncts(b.predicate):
         c_bound = substitute(c, bind)
         used = free_vars(c_bound)
         if used & reduce_ or not used <= spatial or not _tile_within(c_bound, ranges):
             keep.append(c)
-    dropped = len(_conjuncts(b.predicate)) - len(keep)
+    dropped = len(conjuncts(b.predicate)) - len(keep)
     b.predicate = logical_and(*keep) if keep else None
     return dropped
 
 
 def _tile_within(c: Expr, ranges: dict[Var, tuple[int, int]]) -> bool:
     """``c`` is ``e < B`` (a constant B) and ``e`` takes at most ``B`` values within one thread block."""
-    from compiler.loopir.expr import Compare, Const
-    from compiler.loopir.simplify import affine_bound, to_affine
-
     if not (isinstance(c, Compare) and c.op == "<" and isinstance(c.b, Const)):
         return False
     try:
@@ -350,7 +350,7 @@ def _lower_cross_thread(
     t = Buffer(f"{buf.name}_red", (1,), dtype, "local")
     zero = (const(0),)
     cur = Load(t, zero)
-    conj = _conjuncts(b.predicate) if b.predicate is not None else []
+    conj = conjuncts(b.predicate) if b.predicate is not None else []
     value = select(logical_and(*conj), src, ident) if conj else src
     stmts: list[Stmt] = [
         BufferStore(t, zero, value),
@@ -394,12 +394,6 @@ def _lower_cross_thread(
 
 def _warp(comb: str, value: Expr, width: int) -> Expr:
     return Call(f"warp_reduce_{comb}", (value, const(width)), value.dtype)
-
-
-def _conjuncts(e: Expr) -> list[Expr]:
-    if isinstance(e, Logical) and e.op == "and":
-        return _conjuncts(e.a) + _conjuncts(e.b)  # type: ignore[arg-type]
-    return [e]
 
 
 # ======================================================================== finish

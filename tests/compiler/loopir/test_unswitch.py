@@ -12,7 +12,7 @@ from compiler.backends.cpu.codegen import generate_c, unswitched
 from compiler.builder import GraphBuilder
 from compiler.errors import CompileError, ScheduleError
 from compiler.loopir.expr import Load, Var, const
-from compiler.loopir.stmt import Buffer, BufferStore, For, IfThenElse, PrimFunc, walk_stmts
+from compiler.loopir.stmt import Buffer, BufferStore, For, IfThenElse, walk_stmts
 from compiler.loopir.unswitch import unswitch_guards
 from compiler.target import Target
 from tests.compiler.backends.cpu.util import build, run
@@ -90,4 +90,3 @@ def test_features_see_the_lowered_kernel_once():
     """Unswitching is code generation only: the lowered function the cost model reads has one copy."""
     func = gemm_func(100, mr=8, mc_tiles=8)
     assert not any(isinstance(x, IfThenElse) and x.else_ for x in walk_stmts(func.body))
-    assert isinstance(func, PrimFunc)

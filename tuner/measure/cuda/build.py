@@ -29,6 +29,7 @@ from typing import Any
 from compiler.backends import get_backend
 from compiler.errors import CompileError, ScheduleError
 from compiler.fusion import group_from_workload
+from compiler.target import Target
 from db.status import Status
 from tuner.measure import BuildResult, MeasureInput
 from tuner.measure.cuda.device import require, use_cupy_module
@@ -142,18 +143,17 @@ class _BuildWorker:
         return "built", fields
 
 
-def shared_overflow(launches: list[dict[str, Any]], target: Any) -> str:
+def shared_overflow(launches: list[dict[str, Any]], target: Target) -> str:
     """Why a kernel of ``launches`` cannot be launched on ``target`` for its shared memory (the lowered
     tiles, padding and cp.async rings, static + dynamic, over the device's per-block opt-in limit), or "".
     The sketches' checks estimate the tiles before scheduling; lowering can allocate more (a cooperative
     copy rounded up to the block's threads), which only the lowered kernel shows."""
-    limit = int(getattr(target, "max_shared_bytes_optin", 0) or 0)
+    limit = target.max_shared_bytes_optin
     for info in launches:
-        need = int(info.get("shared_bytes", 0))
-        if limit and need > limit:
+        if info["shared_bytes"] > limit:
             return (
-                f"kernel {info['name']} needs {need} bytes of shared memory per block, over the "
-                f"{limit} bytes {getattr(target, 'device', 'the device')} allows (opt-in limit)"
+                f"kernel {info['name']} needs {info['shared_bytes']} bytes of shared memory per block, "
+                f"over the {limit} bytes {target.device} allows (opt-in limit)"
             )
     return ""
 

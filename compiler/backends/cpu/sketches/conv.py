@@ -50,7 +50,7 @@ from compiler.errors import ScheduleError
 from compiler.fusion import Group
 from compiler.graph import Node
 from compiler.layouts import TilePack
-from compiler.loopir.expr import Expr, Logical, const, free_vars, logical_and
+from compiler.loopir.expr import conjuncts, const, free_vars, logical_and
 from compiler.loopir.schedule import Schedule
 from compiler.loopir.simplify import simplify
 from compiler.loopir.stmt import Block, For
@@ -624,13 +624,6 @@ def parallel_outer(sch: Schedule, config: Config, outer: Sequence[For]) -> None:
         fused = fuse_loops(sch, list(outer))
         if fused is not None and fused.extent > 1:
             sch.parallel(fused)
-
-
-def conjuncts(e: Expr) -> list[Expr]:
-    """The terms of a conjunction (``a && b && ...``)."""
-    if isinstance(e, Logical) and e.op == "and" and e.b is not None:
-        return conjuncts(e.a) + conjuncts(e.b)
-    return [e]
 
 
 def registers(target: Target) -> int:

@@ -303,8 +303,8 @@ class CudaContractionSketch(Sketch):
             tile = {"bm": 128, "bn": 128, "bk": 16, "tm": 8, "tn": 8, "vector": 4, "double_buffer": 1}
             if not whole(128, 128):
                 wholes = [t for t in LARGE_TILES[1:] if whole(t[0], t[1])]
-                pick = next((t for t in wholes if blocks(t[0], t[1]) >= target.cores), None)
-                pick = pick or (wholes[0] if wholes else None)
+                filling = [t for t in wholes if blocks(t[0], t[1]) >= target.cores]
+                pick = (filling or wholes or [None])[0]
                 if pick is not None:
                     tile.update(bm=pick[0], bn=pick[1], tm=pick[2], tn=pick[3])
         else:
@@ -316,10 +316,11 @@ class CudaContractionSketch(Sketch):
                 for bm, bn, tm, tn in ((64, 64, 4, 4), (64, 32, 4, 2), (32, 64, 2, 4), (32, 32, 2, 2))
                 if bm <= tile_cap(m_ext) and bn <= tile_cap(n_ext)
             ]  # (32, 32) always fits
-            filling = [f for f in fits if blocks(f[0], f[1]) >= target.cores]
-            pick = next((f for f in filling if whole(f[0], f[1])), filling[0] if filling else fits[-1])
             if G.is_conv(group):  # not measured with partial tiles: the first tile, as before
                 pick = fits[0]
+            else:
+                filling = [f for f in fits if blocks(f[0], f[1]) >= target.cores]
+                pick = next((f for f in filling if whole(f[0], f[1])), filling[0] if filling else fits[-1])
             tile.update(bm=pick[0], bn=pick[1], tm=pick[2], tn=pick[3])
         threads = (tile["bm"] // tile["tm"]) * (tile["bn"] // tile["tn"])
         pad = min((0, 4), key=lambda p: transposed_store_conflicts(tile["bm"], tile["bk"], 4, p, threads))
