@@ -371,71 +371,80 @@ def combine(combiner: str, acc: Expr, value: Expr) -> Expr:
 
 
 # ------------------------------------------------------------------- visiting
-def children(e: Expr) -> Sequence[Expr]:
-    if isinstance(e, (Binary, Compare)):
-        return (e.a, e.b)
-    if isinstance(e, Logical):
-        return (e.a,) if e.b is None else (e.a, e.b)
-    if isinstance(e, Select):
-        return (e.cond, e.t, e.f)
-    if isinstance(e, Cast):
-        return (e.value,)
-    if isinstance(e, Call):
-        return e.args
-    if isinstance(e, Load):
-        return e.indices
-    if isinstance(e, Reduce):
-        return (e.source,)
-    if isinstance(e, Ramp):
-        return (e.base, e.stride)
-    if isinstance(e, Broadcast):
-        return (e.value,)
-    if isinstance(e, MakeVector):
-        return e.elems
-    if isinstance(e, ExtractLane):
-        return (e.value,)
+_CHILDREN: dict[type, Callable[[Any], Sequence[Expr]]] = {
+    Binary: lambda e: (e.a, e.b),
+    Compare: lambda e: (e.a, e.b),
+    Logical: lambda e: (e.a,) if e.b is None else (e.a, e.b),
+    Select: lambda e: (e.cond, e.t, e.f),
+    Cast: lambda e: (e.value,),
+    Call: lambda e: e.args,
+    Load: lambda e: e.indices,
+    Reduce: lambda e: (e.source,),
+    Ramp: lambda e: (e.base, e.stride),
+    Broadcast: lambda e: (e.value,),
+    MakeVector: lambda e: e.elems,
+    ExtractLane: lambda e: (e.value,),
+}
+
+
+def _no_children(e: Expr) -> Sequence[Expr]:
     return ()
+
+
+def children(e: Expr) -> Sequence[Expr]:
+    """The direct sub-expressions of ``e`` (a table by node type: this runs for every node of every
+    traversal)."""
+    return _CHILDREN.get(type(e), _no_children)(e)
 
 
 def walk(e: Expr) -> Any:
     """Yield every sub-expression of ``e`` (pre-order)."""
     stack = [e]
+    get = _CHILDREN.get
     while stack:
         x = stack.pop()
         yield x
-        stack.extend(reversed(children(x)))
+        kids = get(type(x))
+        if kids is not None:
+            stack.extend(reversed(kids(x)))
+
+
+_REBUILD: dict[type, Callable[[Any, Sequence[Expr]], Expr]] = {
+    Binary: lambda e, k: Binary(e.op, k[0], k[1], e.dtype),
+    Compare: lambda e, k: Compare(e.op, k[0], k[1], e.dtype),
+    Logical: lambda e, k: Logical(e.op, k[0], k[1] if e.b is not None else None, e.dtype),
+    Select: lambda e, k: Select(k[0], k[1], k[2], e.dtype),
+    Cast: lambda e, k: Cast(k[0], e.dtype),
+    Call: lambda e, k: Call(e.name, tuple(k), e.dtype),
+    Load: lambda e, k: Load(e.buffer, tuple(k), e.lanes),
+    Reduce: lambda e, k: Reduce(e.combiner, k[0], e.axis, e.dtype),
+    Ramp: lambda e, k: Ramp(k[0], k[1], e.lanes),
+    Broadcast: lambda e, k: Broadcast(k[0], e.lanes),
+    MakeVector: lambda e, k: MakeVector(tuple(k)),
+    ExtractLane: lambda e, k: ExtractLane(k[0], e.lane),
+}
 
 
 def rebuild(e: Expr, kids: Sequence[Expr]) -> Expr:
     """``e`` with its children replaced by ``kids`` (the same object if nothing changed)."""
-    old = children(e)
-    if all(a is b for a, b in zip(old, kids)):
+    make = _REBUILD.get(type(e))
+    if make is None or all(a is b for a, b in zip(children(e), kids)):
         return e
-    if isinstance(e, Binary):
-        return Binary(e.op, kids[0], kids[1], e.dtype)
-    if isinstance(e, Compare):
-        return Compare(e.op, kids[0], kids[1], e.dtype)
-    if isinstance(e, Logical):
-        return Logical(e.op, kids[0], kids[1] if e.b is not None else None, e.dtype)
-    if isinstance(e, Select):
-        return Select(kids[0], kids[1], kids[2], e.dtype)
-    if isinstance(e, Cast):
-        return Cast(kids[0], e.dtype)
-    if isinstance(e, Call):
-        return Call(e.name, tuple(kids), e.dtype)
-    if isinstance(e, Load):
-        return Load(e.buffer, tuple(kids), e.lanes)
-    if isinstance(e, Reduce):
-        return Reduce(e.combiner, kids[0], e.axis, e.dtype)
-    if isinstance(e, Ramp):
-        return Ramp(kids[0], kids[1], e.lanes)
-    if isinstance(e, Broadcast):
-        return Broadcast(kids[0], e.lanes)
-    if isinstance(e, MakeVector):
-        return MakeVector(tuple(kids))
-    if isinstance(e, ExtractLane):
-        return ExtractLane(kids[0], e.lane)
-    return e
+    return make(e, kids)
+
+
+_VISIT_METHODS: dict[tuple[type, type], Callable[..., Any] | None] = {}
+
+
+def _visit_method(visitor: type, node: type) -> Callable[..., Any] | None:
+    """The ``visit_<Type>`` function a visitor class defines for a node type, or None (looked up once per
+    pair: the visitors' dispatch runs for every node)."""
+    key = (visitor, node)
+    try:
+        return _VISIT_METHODS[key]
+    except KeyError:
+        method = _VISIT_METHODS[key] = getattr(visitor, "visit_" + node.__name__, None)
+        return method
 
 
 class ExprVisitor:
@@ -444,11 +453,11 @@ class ExprVisitor:
     children (:func:`children`). An override calls ``self.generic_visit_expr(e)`` to keep descending."""
 
     def visit_expr(self, e: Expr) -> None:
-        method = getattr(self, "visit_" + type(e).__name__, None)
+        method = _visit_method(type(self), type(e))
         if method is None:
             self.generic_visit_expr(e)
         else:
-            method(e)
+            method(self, e)
 
     def generic_visit_expr(self, e: Expr) -> None:
         for c in children(e):
@@ -461,8 +470,8 @@ class ExprMutator:
     when a child changed (:func:`rebuild`), so an unchanged tree comes back as the same object."""
 
     def visit_expr(self, e: Expr) -> Expr:
-        method = getattr(self, "visit_" + type(e).__name__, None)
-        return self.generic_visit_expr(e) if method is None else method(e)
+        method = _visit_method(type(self), type(e))
+        return self.generic_visit_expr(e) if method is None else method(self, e)
 
     def generic_visit_expr(self, e: Expr) -> Expr:
         kids = children(e)

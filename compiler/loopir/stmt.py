@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,17 +191,23 @@ class PrimFunc:
 # ------------------------------------------------------------------ traversal
 # The one place that knows each statement's children (statements and expressions); the generic
 # visitors and mutators of ``compiler.loopir.visitor`` are built on these three functions.
+_STMT_CHILDREN: dict[type, Callable[[Any], list[Stmt]]] = {
+    For: lambda s: [s.body],
+    Allocate: lambda s: [s.body],
+    LetStmt: lambda s: [s.body],
+    Block: lambda s: [s.body] if s.init is None else [s.init, s.body],
+    SeqStmt: lambda s: list(s.stmts),
+    IfThenElse: lambda s: [s.then] if s.else_ is None else [s.then, s.else_],
+}
+
+
+def _no_stmts(s: Stmt) -> list[Stmt]:
+    return []
+
+
 def stmt_children(s: Stmt) -> list[Stmt]:
     """The statements directly under ``s``, in execution order (a Block's init before its body)."""
-    if isinstance(s, (For, Allocate, LetStmt)):
-        return [s.body]
-    if isinstance(s, Block):
-        return [s.body] if s.init is None else [s.init, s.body]
-    if isinstance(s, SeqStmt):
-        return list(s.stmts)
-    if isinstance(s, IfThenElse):
-        return [s.then] if s.else_ is None else [s.then, s.else_]
-    return []
+    return _STMT_CHILDREN.get(type(s), _no_stmts)(s)
 
 
 def stmt_exprs(s: Stmt) -> list[Expr]:
@@ -264,10 +270,13 @@ def rebuild_stmt(s: Stmt, kids: list[Stmt], exprs: list[Expr]) -> Stmt:
 def walk_stmts(s: Stmt) -> Iterator[Stmt]:
     """Every statement under ``s`` (pre-order, including ``s``)."""
     stack = [s]
+    get = _STMT_CHILDREN.get
     while stack:
         x = stack.pop()
         yield x
-        stack.extend(reversed(stmt_children(x)))
+        kids = get(type(x))
+        if kids is not None:
+            stack.extend(reversed(kids(x)))
 
 
 def seq(*stmts: Stmt | None) -> Stmt:
