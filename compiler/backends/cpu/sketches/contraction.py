@@ -117,7 +117,10 @@ class CpuContractionSketch(Sketch):
             parallel = "batch_n"
         else:
             parallel = "batch_m"
-            mc_tiles = _balanced_tiles(mc_tiles, m_ext, mr, batch, target.cores)
+            # every block count up to the L2 cap, not only those dividing M: a thread's work is what counts
+            # here (on one thread a dividing block is a little faster; on two, 16-row blocks that divide
+            # M = 2000 cost 2.3x: 125 blocks, each streaming the B panel again)
+            mc_tiles = _balanced_tiles(mc_cap, m_ext, mr, batch, target.cores)
             m_blocks = batch * -(-m_ext // (mr * mc_tiles))
             if m_blocks < 2:
                 parallel = "none" if n_blocks < 2 else "batch_n"
@@ -316,14 +319,23 @@ class CpuContractionSketch(Sketch):
         return pack
 
 
+# What one more M cache block costs its thread, in rows of the block's work: each block streams the whole
+# B panel (K x NC) again and, with B packed per call, packs it again; a row of the block costs 2 K NC flops.
+# Their ratio is about twice the core's flop rate over its L2 bandwidth, independent of K and NC. Measured on
+# an AVX-512 Xeon, 2 threads, [M, 512] x [512, 512]: a block cost as much as ~15 rows (mc_tiles 1 -> 32 at
+# M = 1026: 4.58 -> 1.95 ms, while the busiest thread's rows grow 520 -> 768; scripts/bench_m_blocks.py).
+BLOCK_ROWS = 16
+
+
 def _balanced_tiles(cap: int, extent: int, tile: int, batch: int, cores: int) -> int:
     """The cache-block tile count (a knob value up to ``cap``) whose blocks, dealt out statically to
-    ``cores`` threads, give the busiest thread the fewest rows (M = 256 in 6-row tiles: 96-row blocks make 3
-    blocks, one thread doing 192 rows; 12-row blocks make 22, 132 rows each); the larger count on ties."""
+    ``cores`` threads, give the busiest thread the least work: its rows plus ``BLOCK_ROWS`` per block (M =
+    256 in 6-row tiles: 96-row blocks make 3 blocks, one thread doing 192 rows; 48-row blocks make 6, 144
+    rows each; 12-row blocks would make 22 but cost 11 blocks per thread); the larger count on ties."""
 
     def busiest(t: int) -> int:
-        blocks = batch * -(-extent // (tile * t))
-        return -(-blocks // cores) * tile * t
+        blocks = -(-batch * -(-extent // (tile * t)) // cores)
+        return blocks * tile * t + blocks * BLOCK_ROWS
 
     values = [t for t in (1, 2, 4, 8, 16, 32) if t <= cap] or [1]
     return min(values, key=lambda t: (busiest(t), -t))

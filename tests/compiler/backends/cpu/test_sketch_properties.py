@@ -259,11 +259,32 @@ def test_default_matrix_vector_tile_hides_the_fma_latency(isa):
 
 
 def test_m_blocks_are_dealt_out_evenly():
+    """The busiest thread's rows plus BLOCK_ROWS per block: neither 3 blocks of 96 rows for 2 threads
+    (192 rows on one) nor 22 blocks of 12 (11 blocks per thread, each streaming the B panel again)."""
     from compiler.backends.cpu.sketches.contraction import _balanced_tiles
 
-    assert _balanced_tiles(16, 256, 6, 1, 2) == 2  # 22 blocks of 12 rows, not 3 of 96 (192 rows on one)
+    assert _balanced_tiles(16, 256, 6, 1, 2) == 8  # 6 blocks of 48 rows: 144 rows and 3 blocks each
     assert _balanced_tiles(16, 1024, 8, 1, 2) == 16  # 8 blocks of 128: already even
     assert _balanced_tiles(4, 64, 8, 1, 2) == 4
+    assert _balanced_tiles(32, 1026, 8, 1, 2) == 16  # not 129 blocks of 8 rows (2.3x slower, 2 threads)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_m_blocks_on_two_threads_are_not_capped_to_blocks_dividing_m(isa):
+    """[3000, 512] x [512, 64] on 2 threads: only 8-row blocks divide M on AVX-512, and 375 of them took 2.3x
+    the time of 256-row blocks (scripts/bench_m_blocks.py, benchmarks/m_blocks.md); one thread keeps the
+    dividing block."""
+    import dataclasses
+
+    from tests.targets import PINNED_TARGETS
+
+    group = fuse(optimize(matmul_graph(3000, 64, 512, False, False, "none")), None).groups[0]
+    two = dataclasses.replace(PINNED_TARGETS[isa], cores=2)
+    cfg = sketch_for(group, two).default(group, two)
+    assert cfg["parallel"] == "batch_m" and cfg["mr"] * cfg["mc_tiles"] >= 128, cfg
+    one = dataclasses.replace(PINNED_TARGETS[isa], cores=1)
+    cfg1 = sketch_for(group, one).default(group, one)
+    assert 3000 % (cfg1["mr"] * cfg1["mc_tiles"]) == 0, cfg1
 
 
 def sliced_qk_graph(s: int, heads: int, d: int, tb: bool) -> Graph:
