@@ -199,3 +199,43 @@ def test_expression_helpers_go_through_the_mutator() -> None:
             return Binary(y.op, y.b, y.a, y.dtype) if y.op == "+" else y  # type: ignore[attr-defined]
 
     assert repr(Swap().visit_expr(e)) == "((b + a) * 2)"
+
+
+def test_every_expression_node_lists_and_rebuilds_its_children() -> None:
+    """children() and rebuild() are tables by node type: a node type missing from them would look like a
+    leaf to every traversal. Each node type defined in loopir.expr is in both (or is a leaf), and rebuilding
+    with new children keeps every other field."""
+    from compiler.loopir import expr as E
+    from compiler.loopir.stmt import IterVar as StmtIterVar
+
+    a, b, c = Var("a"), Var("b"), Var("c")
+    buf = Buffer("buf", (4,), F32)
+    samples = [
+        E.Binary("+", a, b, "int32"),
+        E.Compare("<", a, b),
+        E.Logical("and", a, b),
+        E.Logical("not", a),
+        E.Select(a, b, c, "int32"),
+        E.Cast(a, F32),
+        E.Call("exp", (a,), F32),
+        E.Load(buf, (a,)),
+        E.Reduce("sum", a, (StmtIterVar(c, 4, "R"),), F32),
+        E.Ramp(a, b, 4),
+        E.Broadcast(a, 4),
+        E.MakeVector((a, b)),
+        E.ExtractLane(a, 2),
+    ]
+    leaves = {Var, Const}
+    assert {type(s) for s in samples} | leaves == set(E.Expr.__subclasses__())
+    for s in samples:
+        kids = list(E.children(s))
+        assert kids and all(isinstance(k, E.Expr) for k in kids), s
+        assert E.rebuild(s, kids) is s
+        new = [const(i + 7) for i in range(len(kids))]
+        out = E.rebuild(s, new)
+        assert type(out) is type(s) and list(E.children(out)) == new
+        others = {k: v for k, v in vars(s).items() if not any(v is kid for kid in kids)}
+        assert {k: v for k, v in vars(out).items() if k in others and not isinstance(v, tuple)} == {
+            k: v for k, v in others.items() if not isinstance(v, tuple)
+        }
+    assert E.children(a) == () and E.rebuild(a, []) is a
