@@ -2219,13 +2219,10 @@ versions can be compared (encoder_layer:g0, in the version before, was dropped t
 time), plus, by one rule fixed before their search results were seen, every development workload whose whole
 space the development pools had measured (synth:silu_mul and synth:bias_relu, 48 configs each): the six
 alone could not separate the cold GBDT from the analytic prior, because on five of them the rule-based
-default is already within 5% of the best. All tables and pools were measured anew at stop 28 (the compiler
-had changed since the cache before, so its code hash named a new cache; stop 29 added the random cold set's
-tables, benchmarks/cost_model_cold_rand.md, to the same cache: they are training data of the warm start and
-of the held-out models like every measured workload that is not held out): the measurements describe this
-commit's compiler (the measurement code hash above names the exact code). Development data: their
-tables{dev}, the `pack_a` pairs, the cold benchmarks' tables and, since stop 30, uniform pools of 48 configs
-of 90 random workloads (DEVRAND in the script; benchmarks/cost_model_dev.md). Held out,
+default is already within 5% of the best. Every measurement is in one cache, named by the hash of the
+measuring code, so it describes this commit's compiler (the measurement code hash above names the exact
+code). Development data, the training data of the warm start and of the held-out models: every record of
+the cache that is not held out, {devdata}. Held out,
 never used to train a model: {held} (families not in the benchmark, or twins of one at another size), each
 with a pool of {pool} valid configs drawn uniformly from its whole space (synth:tanh_add's whole space has
 48 valid configs: all of them). This first set has been scored after every model version since i18-heldout,
@@ -2434,9 +2431,38 @@ def run_all(args: argparse.Namespace) -> None:
         bench=args.workloads,
         held=args.heldout,
         held2=HELDOUT2,
+        devdata=development_data(args.cache, bench_target(args.threads)),
     )
     (out / "cost_model.md").write_text(intro + "\n".join(parts))
     print(f"wrote {out / 'cost_model.md'}")
+
+
+def development_data(cache_url: str, target: Target) -> str:
+    """What the cache holds for training, as the report says it: workloads and records of ``target`` that
+    are not held out, and which of the script's collections they come from."""
+    db = TuningDatabase.open(cache_url)
+    try:
+        held = heldout_keys(target)
+        records = [r for r in db.find_records(None, target.key) if r.workload_key not in held]
+    finally:
+        db.close()
+    keys = {r.workload_key for r in records}
+    collections = [
+        ("benchmark tables", BENCH),
+        (f"uniform pools of {DEV_POOL} configs (`--dev`)", DEV),
+        (f"DEVRAND's uniform pools of {DEV_POOL} configs (`collect --dev DEVRAND`)", DEVRAND),
+    ]  # the cold sets' tables (`cold-collect`, sub-spaces of zoo and random workloads) count, unnamed
+    parts = []
+    for name, specs in collections:
+        wanted = [s for s in specs.split(",") if s]
+        have = sum(get_task(s, target).workload_key in keys for s in wanted)
+        if have:
+            parts.append(f"{name}: {have} of {len(wanted)} workloads")
+    return (
+        f"{len(keys)} workloads, {len(records)} records ("
+        + ("; ".join(parts) if parts else "none of the script's collections")
+        + "; a workload may be in several)"
+    )
 
 
 def add_search_options(q: argparse.ArgumentParser, results: str | None, report: bool = True, **kw) -> None:
