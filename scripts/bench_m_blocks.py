@@ -58,16 +58,10 @@ def fewest_rows(cap: int, extent: int, tile: int, batch: int, cores: int) -> int
     return min(values, key=lambda t: (busiest(t), -t))
 
 
-def dividing_first(cap: int, extent: int, tile: int) -> int:
-    """The cap rule before stop 34: any knob value whose block divides the extent first, however small."""
-    values = [t for t in MC_VALUES if t <= cap] or [1]
-    dividing = [t for t in values if extent % (t * tile) == 0]
-    return max(dividing) if dividing else max(values)
-
-
 def old_rule(cap: int, extent: int, tile: int, batch: int, cores: int) -> int:
-    """The M blocks on several threads before stop 34: capped to a block dividing M, then fewest rows."""
-    return fewest_rows(dividing_first(cap, extent, tile), extent, tile, batch, cores)
+    """The M blocks on several threads before stop 34: the cap lowered to a block dividing M, however small
+    (``_tiles_within``, which one thread still uses), then the fewest rows."""
+    return fewest_rows(contraction._tiles_within(cap, extent, tile), extent, tile, batch, cores)
 
 
 def old_default(task) -> dict:
