@@ -1,7 +1,7 @@
 """What scripts/bench_torch.py shares with older benchmark scripts: the thread count, a machine line, the
-git commit, a timing loop and a markdown table. The regression benchmarks (contenders, methodology,
-ceilings, storage, reports) are `kiln bench` (tuner/bench/); scripts/bench_cpu.py, bench_onnx.py and
-bench_gpu.py wrap it.
+git commit, a timing loop, a markdown table and printing (and saving) a report. The regression benchmarks
+(contenders, methodology, ceilings, storage, reports) are `kiln bench` (tuner/bench/); scripts/bench_cpu.py,
+bench_onnx.py and bench_gpu.py wrap it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 THREADS = len(os.sched_getaffinity(0))
 
@@ -66,3 +67,12 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def emit_report(lines: list[str], out: str | None) -> None:
+    """Print a markdown report, and write it to ``out`` too when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
+        print(f"wrote {out}")

@@ -27,7 +27,7 @@ from compiler.backends import get_backend
 from compiler.builder import GraphBuilder
 from compiler.target import Target
 from db.status import Status
-from scripts.bench_common import cpu_name, git_commit
+from scripts.bench_common import cpu_name, emit_report, git_commit
 from tuner.measure import MeasureInput, Measurer
 from tuner.task import Task, extract_tasks
 
@@ -109,11 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         tile = f"{cfg.get('mr')} x {cfg.get('mc_tiles')}"
         ratio = np.median(g) / np.median(u)
         lines.append(f"| {m} | {tile} | {versioned_loops(t)} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-        print(f"wrote {args.out}")
+    emit_report(lines, args.out)
 
 
 if __name__ == "__main__":

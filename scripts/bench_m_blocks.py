@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiler.backends.cpu.sketches import contraction
 from compiler.target import Target
 from db.status import Status
-from scripts.bench_common import cpu_name, git_commit
+from scripts.bench_common import cpu_name, emit_report, git_commit
 from scripts.bench_edge_tiles import gemm_task
 from tuner.measure import MeasureInput, Measurer
 
@@ -170,11 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             f"- {name} ({len(rs)} shapes): geometric mean old / new **{gmean(a):.2f}** (range {a.min():.2f}-"
             f"{a.max():.2f}); new / best **{gmean(b):.2f}** (worst {b.max():.2f})"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-        print(f"wrote {args.out}")
+    emit_report(lines, args.out)
 
 
 if __name__ == "__main__":
