@@ -52,7 +52,7 @@ from compiler.target import Target
 from cost_model.loops import collect_stores
 from cost_model.store_features import STORE_FIELDS, Machine, lg, store_row
 
-FEATURE_VERSION = 8  # 8: CUDA register tiles lowered without their spatial guards (partial tiles)
+FEATURE_VERSION = 9  # 9: the CPU prior's LLC measured per host (llc_probe.py); 8: CUDA partial tiles
 TOP_STORES = 3
 KINDS = ("pointwise", "reduction", "contraction")
 

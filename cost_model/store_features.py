@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from compiler.backends.cpu.datapath import host_datapath_lanes
 from compiler.target import Target
+from cost_model.llc_probe import host_llc_bytes
 from cost_model.loops import Access, StoreInfo, inner_loops
 
 STORE_FIELDS = (
@@ -100,7 +101,7 @@ class Machine:
     datapath: int  # float32 lanes one vector FMA processes per issue (measured, cpu/datapath.py)
     l1: int
     l2: int
-    l3: int
+    l3: int  # the last-level cache the kernels get (measured, llc_probe.py)
     ipc: float = 2.0  # vector ops issued per cycle
     load_ports: float = 2.0
     fp_latency: float = 4.0
@@ -148,7 +149,7 @@ class Machine:
             host_datapath_lanes(target),
             target.l1_bytes,
             target.l2_bytes,
-            max(16 * target.l2_bytes, 32 << 20),  # L3 of one CCD (the target does not say)
+            host_llc_bytes(target),  # measured on this host (cost_model/llc_probe.py), else one CCD's L3
         )
 
 
