@@ -1424,6 +1424,9 @@ DEV_VARIANTS = (
     {"max_iter": 20, "max_leaf_nodes": 10},
     {"learning_rate": 0.05},
     {"center": True},  # kiln tune's default before stop 30
+    {"transfer_workloads": 128.0},  # stop 35: the prior measured per host, the corrections weighted less
+    {"prior_samples": 128.0},
+    {"target": "residual"},
 )
 
 
