@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -169,10 +170,14 @@ def _host_result() -> dict:
     if not path.exists():
         result = _measure()
         path.parent.mkdir(parents=True, exist_ok=True)
-        with module_cache.replacing(path.with_name(path.name + ".new")) as tmp:
-            tmp.write_text(json.dumps(result, indent=1))
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(result, indent=1))
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)  # first writer wins: every process uses one answer
+        finally:
+            os.unlink(tmp)
     try:
         result = json.loads(path.read_text())
         llc = result["llc_bytes"]

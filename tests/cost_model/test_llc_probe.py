@@ -90,6 +90,7 @@ def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_pr
     host = Target.host()
     llc = llc_probe.host_llc_bytes(host)
     stored = json.loads(llc_probe.probe_path().read_text())
+    assert [p.name for p in llc_probe.probe_path().parent.iterdir()] == [llc_probe.probe_path().name]
     rates = {int(s): r for s, r in stored["rates"].items()}
     sizes = sorted(rates)
     assert sizes == llc_probe.sweep_sizes(host.l2_bytes, sizes[-1]) and len(sizes) >= 2
