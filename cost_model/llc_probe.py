@@ -12,9 +12,10 @@ size's rate (in cache) and the last size's (DRAM), interpolated in log-log betwe
 crossing (:func:`llc_from_rates`). A curve with no such fall (at least :data:`MIN_DROP` x) has no cache edge
 in the range: the prior then keeps its guess (:func:`guessed_llc_bytes`).
 
-On the development Xeon the rate holds ~59 GB/s to 32 MiB, 51-56 at 64 MiB, 26-36 at 128 MiB and 33-34
-beyond: 86-94 MiB, between sysfs's 480 MiB and the 32 MiB guess. The answer is measured once per host (about a
-second and a half, up to 2 x :data:`MAX_BYTES` of memory briefly) and kept beside the FMA datapath probe's
+On the development Xeon the rate holds ~59 GB/s to 32 MiB, 51-56 at 64 MiB, 26-37 at 128 MiB and 32-34
+beyond: 82-92 MiB over six probes, between sysfs's 480 MiB and the 32 MiB guess. The answer is measured once
+per host (about a second and a half; one buffer at a time, up to 256 MiB where the plateau starts by 128 MiB,
+at most :data:`MAX_BYTES`) and kept beside the FMA datapath probe's
 (``$KILN_CACHE_DIR/probe/``, keyed by the probe's source, gcc and the host CPU; first writer wins, so every
 process of a tuning run uses one value). A target that is not this host's CPU gets the guess.
 """
