@@ -25,11 +25,10 @@ where ``n`` counts the training samples of *its kind* (pointwise, reduction, con
 are some, but a pointwise candidate keeps the prior until pointwise data exists. A candidate of a
 workload the forest was not trained on (a transfer: a warm start's first round, a held-out workload) is also
 weighted ``m / (m + transfer_workloads)`` for the ``m`` distinct workloads of its kind in the training data
-(0 by default since stop 35, off; 32 before): the samples of one workload are one correlated lesson, and what
-a few reductions taught about another (say, how many accumulators its rows need) can be a guess the prior
-should outweigh. LambdaMART's scores have no scale of their own, so the forest's size sets how far the
-learned part can overrule the prior: by default 150 trees of 15 leaves since stop 35 (40 of 7 before), each
-chosen by leave-one-workload-out cross-validation on the development workloads (see :data:`TREES`).
+(default 32): the samples of one workload are one correlated lesson, and what a few reductions taught about
+another (say, how many accumulators its rows need) is a guess the prior should still outweigh. LambdaMART's
+scores have no scale of their own, so by default it grows 40 trees of 7 leaves (the regressions 150 of 15,
+see :data:`TREES`): the larger forest made the learned part several times the prior's spread within a pool.
 With no data the model *is* the analytic model; every measurement refines it. For the regressions, rows of
 workloads with few samples are repeated (up to 8x), so a new workload's first measurements are not drowned
 by a big workload's thousands (LambdaMART's per-query normalization does this for ``rank``). Retraining is
@@ -268,8 +267,12 @@ WORKLOAD_COLUMNS = np.asarray([i for i, n in enumerate(FEATURE_NAMES) if n.start
 # Stop 35: on the Xeon's development data (re-measured at stop 34, 98 workloads) under features v9 (the
 # prior's last-level cache measured per host), the rule's pick is 150 x 15 with ``transfer_workloads=0``
 # (0.961 / 0.948 / 0.983 / 0.984 against the prior's 0.876 / 0.922 / 0.983 / 0.979; 40 x 7 with 32
-# transfer workloads 0.957 / 0.941 / 0.983 / 0.977; benchmarks/cost_model_dev.md, stop 35 section).
-TREES = {False: (150, 15), True: (150, 15)}
+# transfer workloads 0.957 / 0.941 / 0.983 / 0.977; benchmarks/cost_model_dev.md, stop 35 section). It was
+# the default for one commit and is not any more: in real `kiln tune` runs of the attention model (4 seeds
+# each, scripts/bench_default_cost_model.py --models attention) it tuned 1.05-1.23x slower than TPE alone,
+# 40 x 7 with 32 transfer workloads 0.94-1.05x (docs/cost_model.md, stop 35). devcv scores a model trained
+# on ~30 workloads per kind; a tuning run transfers from the few tasks it tuned before, which it never sees.
+TREES = {False: (150, 15), True: (40, 7)}
 
 
 def signatures(x: np.ndarray) -> list[bytes]:
@@ -326,7 +329,7 @@ class GBDTModel(CostModel):
         inline_below: int = 64,
         prior_trust: float = 0.0,
         rank_params: dict[str, Any] | None = None,
-        transfer_workloads: float = 0.0,
+        transfer_workloads: float = 32.0,
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")

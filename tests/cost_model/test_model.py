@@ -395,14 +395,13 @@ def test_transfer_to_an_unseen_workload_is_weighted_by_same_kind_workloads(tmp_p
     x, lat, wl = synthetic(3, 40)
     x = _with_workload_columns(x, wl, kind=2)
     train = np.asarray(wl) != "w2"
-    model = GBDTModel(seed=0, transfer_workloads=32.0)
+    model = GBDTModel(seed=0)
     model.update(x[train], lat[train], list(np.asarray(wl)[train]))
     seen, unseen = x[:5], x[~train][:5]
     samples = 80 / (80 + model.prior_samples)  # two trained workloads of 40 samples, all contractions
     np.testing.assert_allclose(model.correction_weight(seen), samples)
     np.testing.assert_allclose(model.correction_weight(unseen), samples * 2 / (2 + 32))
-    off = GBDTModel(seed=0)  # the default since stop 35: off
-    assert off.transfer_workloads == 0.0
+    off = GBDTModel(seed=0, transfer_workloads=0.0)
     off.update(x[train], lat[train], list(np.asarray(wl)[train]))
     np.testing.assert_allclose(off.correction_weight(unseen), samples)
     # the trees are the same: only the weight of their correction on the unseen workload differs
@@ -417,7 +416,7 @@ def test_transfer_to_an_unseen_workload_is_weighted_by_same_kind_workloads(tmp_p
 
 
 def test_tree_sizes_default_by_target():
-    assert GBDTModel().params["max_iter"] == 150 and GBDTModel().params["max_leaf_nodes"] == 15  # stop 35
+    assert GBDTModel().params["max_iter"] == 40 and GBDTModel().params["max_leaf_nodes"] == 7
     residual = GBDTModel(target="residual")
     assert residual.params["max_iter"] == 150 and residual.params["max_leaf_nodes"] == 15
     assert GBDTModel(max_iter=7, max_leaf_nodes=3).params == {

@@ -192,9 +192,8 @@ def test_compile_and_run_format_json(tmp_path) -> None:
 def test_kiln_tune_ranks_with_the_gbdt_by_default_and_none_is_the_sampler_alone(
     url: str, monkeypatch
 ) -> None:
-    """`kiln tune`'s default cost model is the GBDT (chosen by benchmarks/default_cost_model.md at 11963dd, on
-    an EPYC; see the README for its Xeon re-run); `--cost-model none` still tunes with the sampler alone; the
-    library's tune() keeps none (`kiln bench --tune` uses it)."""
+    """`kiln tune`'s default cost model is the GBDT (benchmarks/default_cost_model.md); `--cost-model none`
+    still tunes with the sampler alone; the library's tune() keeps none (`kiln bench --tune` uses it)."""
     import inspect
 
     import tuner.api
