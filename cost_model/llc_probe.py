@@ -22,7 +22,6 @@ process of a tuning run uses one value). A target that is not this host's CPU ge
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import itertools
@@ -30,7 +29,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -168,17 +166,8 @@ def _measure() -> dict:
 @functools.cache
 def _host_result() -> dict:
     path = probe_path()
-    if not path.exists():
-        result = _measure()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(result, indent=1))
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)  # first writer wins: every process uses one answer
-        finally:
-            os.unlink(tmp)
+    if not path.exists():  # first writer wins: every process uses one answer
+        module_cache.write_first(path, json.dumps(_measure(), indent=1))
     try:
         result = json.loads(path.read_text())
         llc = result["llc_bytes"]

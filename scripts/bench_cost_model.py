@@ -2439,6 +2439,7 @@ def run_all(args: argparse.Namespace) -> None:
         with contextlib.redirect_stdout(buf):
             fn(a)
         parts.append(f"## {title}\n\n{buf.getvalue().strip()}\n")
+    prior = prior_constants(args.threads)
     intro = INTRO.format(
         command=command_line(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -2451,8 +2452,8 @@ def run_all(args: argparse.Namespace) -> None:
         held=args.heldout,
         held2=HELDOUT2,
         devdata=development_data(args.cache, bench_target(args.threads)),
-        datapath=prior_constants(args.threads)["datapath_lanes"],
-        llc=f"{prior_constants(args.threads)['llc_bytes'] / (1 << 20):.0f}",
+        datapath=prior["datapath_lanes"],
+        llc=f"{prior['llc_bytes'] / (1 << 20):.0f}",
         sysfs_l3=bench_target(args.threads).l3_bytes >> 20,
     )
     (out / "cost_model.md").write_text(intro + "\n".join(parts))

@@ -1,4 +1,5 @@
-"""What every test shares: the ``pinned_target`` fixture (each pinned CPU target in turn), a report header
+"""What every test shares: the ``pinned_target`` fixture (each pinned CPU target in turn), the
+``fresh_probes`` fixture (the host probes measured anew, in a kernel cache of the test's own), a report header
 that names the host target the tests run code on, and the grouping that lets the suite run in parallel.
 
 Parallel runs (pytest-xdist, ``-n 2 --dist loadgroup`` in scripts/test): tests are independent, but a test
@@ -58,3 +59,19 @@ def _uses_a_shared_fixture(item: pytest.Function) -> bool:
 def pinned_target(request: pytest.FixtureRequest) -> Target:
     """A pinned CPU target (AVX-512, AVX2, NEON): tests that check generated text run once per width."""
     return request.param
+
+
+@pytest.fixture
+def fresh_probes(tmp_path, monkeypatch):
+    """An empty kernel cache of the test's own and the host probes' memos (FMA datapath, last-level cache)
+    cleared before and after, so a probe measures or reads its file again."""
+    from compiler.backends.cpu import datapath
+    from cost_model import llc_probe
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    memos = (datapath._host_result, llc_probe._host_result)
+    for memo in memos:
+        memo.cache_clear()
+    yield tmp_path
+    for memo in memos:
+        memo.cache_clear()

@@ -7,7 +7,8 @@ the source, the compiler options, whatever else changes the built code (compiler
 arch, the backend's codegen version) and :data:`CACHE_VERSION`. Entries are written atomically: a
 temporary file in the cache directory, then ``os.replace`` (:func:`write_atomic`, :meth:`ModuleCache.stage`),
 so processes that build the same module at the same time each get a complete file; :func:`replacing`
-lends a temporary path to code that writes a file itself.
+lends a temporary path to code that writes a file itself, and :func:`write_first` keeps the first of
+several writers' files (the host probes' results).
 
 A compiler failure is reported by :func:`compile_error_message`: ``<tool> failed to compile kernel(s) A, B``
 followed by the compiler's error lines, the kernels named from the line numbers of the errors and the
@@ -58,6 +59,22 @@ def replacing(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_first(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` unless a file is there already: through a temporary file hard-linked into
+    place, so the first of several concurrent writers wins and every process then reads that one answer
+    (a host probe's result); the temporary file is always removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> Path:

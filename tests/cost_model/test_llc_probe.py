@@ -78,15 +78,7 @@ def test_measure_rates_times_each_size_and_stops_at_the_plateau():
     assert llc_probe.llc_from_rates(rates) == llc_probe.llc_from_rates(XEON)
 
 
-@pytest.fixture
-def fresh_probe(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
-    llc_probe._host_result.cache_clear()
-    yield tmp_path
-    llc_probe._host_result.cache_clear()
-
-
-def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_probe, monkeypatch):
+def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_probes, monkeypatch):
     host = Target.host()
     llc = llc_probe.host_llc_bytes(host)
     stored = json.loads(llc_probe.probe_path().read_text())
@@ -104,7 +96,7 @@ def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_pr
     assert llc_probe.host_llc_bytes(host) == llc
 
 
-def test_first_written_answer_wins_and_a_damaged_file_is_named(fresh_probe, monkeypatch, caplog):
+def test_first_written_answer_wins_and_a_damaged_file_is_named(fresh_probes, monkeypatch, caplog):
     path = llc_probe.probe_path()
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"llc_bytes": 96 * MIB, "rates": {}, "host": "another process"}))
@@ -119,14 +111,14 @@ def test_first_written_answer_wins_and_a_damaged_file_is_named(fresh_probe, monk
         assert str(path) in caplog.text and "delete it" in caplog.text
 
 
-def test_no_edge_found_keeps_the_guess(fresh_probe, monkeypatch):
+def test_no_edge_found_keeps_the_guess(fresh_probes, monkeypatch):
     host = Target.host()
     monkeypatch.setattr(llc_probe, "_measure", lambda: {"llc_bytes": None, "rates": {}, "host": host.key})
     guess = llc_probe.guessed_llc_bytes(host)
     assert llc_probe.host_llc_bytes(host) == guess == max(16 * host.l2_bytes, 32 * MIB)
 
 
-def test_other_cpus_get_the_guess_and_the_prior_uses_the_measured_size_here(fresh_probe, monkeypatch):
+def test_other_cpus_get_the_guess_and_the_prior_uses_the_measured_size_here(fresh_probes, monkeypatch):
     host = Target.host()
     monkeypatch.setattr(llc_probe, "_measure", lambda: {"llc_bytes": 96 * MIB, "rates": {}, "host": host.key})
     other = dataclasses.replace(host, device="Some Other CPU 9000")

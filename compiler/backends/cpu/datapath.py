@@ -19,12 +19,10 @@ is taken at its register width.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import json
 import logging
-import os
 from pathlib import Path
 
 from compiler.backends.cpu import gcc
@@ -142,13 +140,8 @@ def _measure() -> dict:
 @functools.cache
 def _host_result() -> dict:
     path = probe_path()
-    if not path.exists():
-        result = _measure()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with module_cache.replacing(path.with_name(path.name + ".new")) as tmp:
-            tmp.write_text(json.dumps(result, indent=1))
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)  # first writer wins: every process uses one answer
+    if not path.exists():  # first writer wins: every process uses one answer
+        module_cache.write_first(path, json.dumps(_measure(), indent=1))
     try:
         result = json.loads(path.read_text())
         lanes = int(result["datapath_lanes"])

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from compiler.runtime import module_cache
-from compiler.runtime.module_cache import ModuleCache, cache_key, compile_error_message, write_atomic
+from compiler.runtime.module_cache import (
+    ModuleCache,
+    cache_key,
+    compile_error_message,
+    write_atomic,
+    write_first,
+)
 
 
 def test_key_covers_source_options_extra_and_version(monkeypatch):
@@ -36,6 +42,14 @@ def test_put_get_and_atomic_write(tmp_path, monkeypatch):
     write_atomic(path, "replaced")
     assert path.read_text() == "replaced"
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary files left
+
+
+def test_the_first_written_file_stays_and_no_temporary_file_is_left(tmp_path):
+    path = tmp_path / "probe" / "answer.json"
+    write_first(path, "first")
+    write_first(path, "second")  # a later writer (another process) does not replace it
+    assert path.read_text() == "first"
+    assert [p.name for p in path.parent.iterdir()] == ["answer.json"]
 
 
 def test_stage_moves_every_file_or_none(tmp_path, monkeypatch):

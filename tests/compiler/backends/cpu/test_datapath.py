@@ -24,19 +24,12 @@ def test_rule_takes_each_doubling_that_doubles_the_rate():
     assert datapath.datapath_from_rates({4: 1.0, 8: 1.3, 16: 2.6}, 16) == 4  # stops at the first miss
 
 
-@pytest.fixture
-def fresh_probe(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
-    datapath._host_result.cache_clear()
-    yield tmp_path
-    datapath._host_result.cache_clear()
-
-
-def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_probe, monkeypatch):
+def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_probes, monkeypatch):
     host = Target.host()
     lanes = datapath.host_datapath_lanes(host)
     assert lanes in datapath.WIDTHS and lanes <= host.vector_lanes_f32
     path = datapath.probe_path()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left beside it
     stored = json.loads(path.read_text())
     assert stored["datapath_lanes"] == lanes
     rates = {int(w): r for w, r in stored["rates"].items()}
@@ -51,7 +44,7 @@ def test_probe_measures_this_host_once_and_every_process_reads_its_file(fresh_pr
     assert datapath.host_datapath_lanes(host) == lanes
 
 
-def test_first_written_answer_wins_and_a_damaged_file_is_named(fresh_probe, monkeypatch, caplog):
+def test_first_written_answer_wins_and_a_damaged_file_is_named(fresh_probes, monkeypatch, caplog):
     path = datapath.probe_path()
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"datapath_lanes": 4, "rates": {}, "host": "another process"}))
@@ -64,7 +57,7 @@ def test_first_written_answer_wins_and_a_damaged_file_is_named(fresh_probe, monk
     assert str(path) in caplog.text and "delete it" in caplog.text
 
 
-def test_other_cpus_are_taken_at_their_register_width(fresh_probe, monkeypatch):
+def test_other_cpus_are_taken_at_their_register_width(fresh_probes, monkeypatch):
     monkeypatch.setattr(datapath, "_measure", lambda: pytest.fail("probed for another CPU"))
     other = dataclasses.replace(Target.host(), device="Some Other CPU 9000")
     assert not datapath.is_host_cpu(other)
@@ -73,7 +66,7 @@ def test_other_cpus_are_taken_at_their_register_width(fresh_probe, monkeypatch):
     assert not datapath.is_host_cpu(Target.cuda())
 
 
-def test_the_cost_model_uses_the_measured_width_for_this_host(fresh_probe, monkeypatch):
+def test_the_cost_model_uses_the_measured_width_for_this_host(fresh_probes, monkeypatch):
     host = Target.host()
     monkeypatch.setattr(datapath, "_measure", lambda: {"datapath_lanes": 4, "rates": {}, "host": host.key})
     assert Machine.of(host).datapath == 4
