@@ -24,9 +24,19 @@ where ``n`` counts the training samples of *its kind* (pointwise, reduction, con
 ``wl_kind_*`` features): what was learned on contractions transfers to a new contraction as soon as there
 are some, but a pointwise candidate keeps the prior until pointwise data exists. A candidate of a
 workload the forest was not trained on (a transfer: a warm start's first round, a held-out workload) is also
-weighted ``m / (m + transfer_workloads)`` for the ``m`` distinct workloads of its kind in the training data
-(default 32): the samples of one workload are one correlated lesson, and what a few reductions taught about
-another (say, how many accumulators its rows need) is a guess the prior should still outweigh. LambdaMART's
+weighted ``t = m / (m + transfer_workloads)`` for the ``m`` distinct workloads of its kind in the training
+data (default 32): the samples of one workload are one correlated lesson, and what a few reductions taught
+about another (say, how many accumulators its rows need) is a guess the prior should still outweigh. That
+discount fades as the workload's own samples ``k`` join the training data,
+``t + (1 - t) * k / (k + own_samples)`` (default 32; 0 = none: full weight from the first own sample on, as
+before stop 36), with ``m`` counting the *other* workloads of its kind: LambdaMART weighs each workload about
+equally, so after one batch of 8 the forest's correction of a warm-started workload is still almost all what
+other workloads taught (a cold search, whose training data is its own, is not discounted at all). And
+``t`` itself is validated per kind on the training data (``transfer_folds``, default 4; 0 = off): each time
+the set of training workloads changes, folds of them are ranked as transfers by forests trained on the
+other folds, and each kind's ``t`` is multiplied by whichever of :data:`TRANSFER_SCALES` ranked its
+workloads best (:meth:`GBDTModel._validate_transfer`): a kind whose lessons do not carry from workload to
+workload keeps the prior for a new one, a kind whose lessons do is trusted more. LambdaMART's
 scores have no scale of their own, so by default it grows 40 trees of 7 leaves (the regressions 150 of 15,
 see :data:`TREES`): the larger forest made the learned part several times the prior's spread within a pool.
 With no data the model *is* the analytic model; every measurement refines it. For the regressions, rows of
@@ -52,6 +62,7 @@ the same, without pickle and without depending on either library's internals sta
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -273,6 +284,9 @@ WORKLOAD_COLUMNS = np.asarray([i for i, n in enumerate(FEATURE_NAMES) if n.start
 # 40 x 7 with 32 transfer workloads 0.94-1.05x (docs/cost_model.md, stop 35). devcv scores a model trained
 # on ~30 workloads per kind; a tuning run transfers from the few tasks it tuned before, which it never sees.
 TREES = {False: (150, 15), True: (40, 7)}
+# the multiples of a transfer's correction weight that :meth:`GBDTModel._validate_transfer` chooses from
+TRANSFER_SCALES = (0.0, 0.5, 1.0, 2.0)
+MIN_VALIDATED = 4  # workloads of a kind below which its transfer is not validated (its scale stays 1)
 
 
 def signatures(x: np.ndarray) -> list[bytes]:
@@ -330,6 +344,8 @@ class GBDTModel(CostModel):
         prior_trust: float = 0.0,
         rank_params: dict[str, Any] | None = None,
         transfer_workloads: float = 32.0,
+        own_samples: float = 32.0,
+        transfer_folds: int = 4,
     ) -> None:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -358,6 +374,15 @@ class GBDTModel(CostModel):
         if transfer_workloads < 0:
             raise ValueError(f"transfer_workloads must be >= 0, got {transfer_workloads}")
         self.transfer_workloads = float(transfer_workloads)
+        if own_samples < 0:
+            raise ValueError(f"own_samples must be >= 0, got {own_samples}")
+        self.own_samples = float(own_samples)
+        self.workload_samples: dict[bytes, int] = {}  # training samples of each workload the forest saw
+        if transfer_folds < 0 or transfer_folds == 1:
+            raise ValueError(f"transfer_folds must be 0 (off) or >= 2, got {transfer_folds}")
+        self.transfer_folds = int(transfer_folds)
+        self.transfer_scale = np.ones(len(KIND_COLUMNS))  # per kind, learned by _validate_transfer
+        self._validated_on: tuple[str, ...] = ()  # the training workloads transfer_scale was learned on
         self.fit_workloads: set[bytes] = set()  # signatures of the workloads the forest was trained on
         self.kind_workloads = np.zeros(len(KIND_COLUMNS))  # of those workloads, how many of each kind
         self.trust: dict[bytes, float] = {}  # workload signature -> how far its prior is trusted
@@ -440,20 +465,33 @@ class GBDTModel(CostModel):
 
     def fit(self) -> None:
         """Train on the data held now (called by :meth:`update` when it is worthwhile)."""
+        rows = self._training_rows()
+        forest = self._train(rows, keep_trust=True)
+        if forest is None:
+            return
+        scale = self._validate_transfer(rows)  # before the new forest is in place: nothing half-updated
+        self.forest = forest
+        self.n_fit = len(self.lat)
+        self._count_kinds()
+        if scale is not None:
+            self.transfer_scale, self._validated_on = scale
+        self.fits += 1
+
+    def _train(self, rows: np.ndarray, keep_trust: bool = False) -> Forest | None:
+        """A forest trained on ``rows`` of the data held (None when they teach nothing); ``keep_trust``: keep
+        the prior's trust learned per workload (:attr:`trust`) from them."""
+        wl = np.asarray(self.wl)[rows]
+        if self.target == "rank":
+            return self._rank_forest(rows, wl, keep_trust)
         from sklearn.ensemble import HistGradientBoostingRegressor
         from threadpoolctl import threadpool_limits
 
-        rows = self._training_rows()
-        wl = np.asarray(self.wl)[rows]
-        if self.target == "rank":
-            self._fit_rank(rows, wl)
-            return
         if self.target == "residual":
             y = residual_labels(self.x[rows], self.lat[rows], wl)
         else:
             y = normalized_labels(self.lat[rows], wl)
         if len(rows) < 2 or np.ptp(y) == 0:
-            return
+            return None
         if self.balance:
             rows, y = self._balanced(rows, y)
         est = HistGradientBoostingRegressor(
@@ -467,12 +505,9 @@ class GBDTModel(CostModel):
         # one thread: OpenMP threads on a loaded machine cost more than they save at this size
         with threadpool_limits(limits=1):
             est.fit(self.x[rows].astype(np.float64), y)
-        self.forest = Forest.from_sklearn(est)
-        self.n_fit = len(self.lat)
-        self._count_kinds()
-        self.fits += 1
+        return Forest.from_sklearn(est)
 
-    def _fit_rank(self, rows: np.ndarray, wl: np.ndarray) -> None:
+    def _rank_forest(self, rows: np.ndarray, wl: np.ndarray, keep_trust: bool) -> Forest | None:
         """LambdaMART (LightGBM's ``lambdarank``, one query per workload) boosted from the analytic prior:
         the prior's scores are the initial scores, so the trees learn only how to reorder what the prior
         gets wrong, and they learn it from the order within each workload (never from absolute times)."""
@@ -483,12 +518,14 @@ class GBDTModel(CostModel):
         _, sizes = np.unique(wl, return_counts=True)
         y = rank_grades(self.lat[rows], wl)
         if len(rows) < 2 or np.ptp(y) == 0:
-            return
+            return None
         x = self.x[rows].astype(np.float64)
         trust = np.ones(len(rows))
         if self.prior_trust > 0:
-            self.trust = prior_trust(x, self.lat[rows], wl, self.prior_trust)
-            trust = np.asarray([self.trust[k] for k in signatures(x)])
+            learned_trust = prior_trust(x, self.lat[rows], wl, self.prior_trust)
+            trust = np.asarray([learned_trust[k] for k in signatures(x)])
+            if keep_trust:
+                self.trust = learned_trust
         init = -self.prior_scale * trust * x[:, EST_INDEX]
         if self.center:
             x = centered(x, wl)
@@ -508,17 +545,77 @@ class GBDTModel(CostModel):
         }
         data = lgb.Dataset(x, y, group=sizes, init_score=init, params={"max_bin": 64, "verbose": -1})
         booster = lgb.train(params, data, num_boost_round=self.params["max_iter"])
-        self.forest = Forest.from_lightgbm(booster)
-        self.n_fit = len(self.lat)
-        self._count_kinds()
-        self.fits += 1
+        return Forest.from_lightgbm(booster)
+
+    def _learned(self, forest: Forest, x: np.ndarray) -> np.ndarray:
+        """The forest's raw output on one workload's pool ``x`` (centered first with ``center``)."""
+        return forest.predict(centered(x, np.zeros(len(x))) if self.center and self.target == "rank" else x)
+
+    def _validate_transfer(self, rows: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        """Learn :attr:`transfer_scale`, per kind, from the training data itself: ``transfer_folds`` folds
+        of its workloads (stratified by kind); each fold's workloads are ranked, as unseen transfers, by a
+        forest trained on the other folds, with the correction weighted as :meth:`correction_weight` weighs
+        a transfer times each of :data:`TRANSFER_SCALES`; a kind's scale is the one with the best mean of
+        the top-1 and top-5 scores over its workloads (ties: the smaller, the prior's side). A kind with
+        fewer than :data:`MIN_VALIDATED` workloads keeps 1. Done again only when the set of training
+        workloads changes (a new task, a warm start's first measurements), not at every refit. Returns the
+        new scales and the workloads they were learned on, or None to keep the current ones."""
+        from cost_model.evaluate import top_k_score
+
+        if self.transfer_folds < 2 or self.transfer_workloads <= 0 or self.target == "ratio":
+            return None
+        wl = np.asarray(self.wl)[rows]
+        names, first = np.unique(wl, return_index=True)
+        key = tuple(names.tolist())
+        if key == self._validated_on:
+            return None
+        scale = np.ones(len(KIND_COLUMNS))
+        name_kind = kind_index(self.x[rows[first]])
+        fold = np.full(len(names), -1)
+        rng = np.random.default_rng(self.seed)
+        for k in range(len(KIND_COLUMNS)):
+            of_kind = np.flatnonzero(name_kind == k)
+            if len(of_kind) >= MIN_VALIDATED:
+                fold[rng.permutation(of_kind)] = np.arange(len(of_kind)) % self.transfer_folds
+        scores: dict[int, list[np.ndarray]] = {}
+        for f in range(self.transfer_folds):
+            tested = names[fold == f]
+            if not len(tested):
+                continue
+            train = rows[~np.isin(wl, tested)]
+            forest = self._train(train)
+            if forest is None:
+                continue
+            xt = self.x[train]
+            n = np.bincount(kind_index(xt), minlength=len(KIND_COLUMNS)).astype(np.float64)
+            m = np.bincount(name_kind[~np.isin(names, tested)], minlength=len(KIND_COLUMNS)).astype(float)
+            weight = n / (n + self.prior_samples) * m / (m + self.transfer_workloads)
+            for name, k in zip(tested, name_kind[fold == f]):
+                r = rows[wl == name]
+                lat = self.lat[r]
+                if np.isfinite(lat).sum() < 2:
+                    continue
+                x = self.x[r]
+                prior = -self.prior_scale * x[:, EST_INDEX].astype(np.float64)
+                sign = -1.0 if self.target == "residual" else 1.0  # residual: predicted slowness
+                learned = sign * weight[k] * self._learned(forest, x)
+                top = [[top_k_score(prior + s * learned, lat, j) for j in (1, 5)] for s in TRANSFER_SCALES]
+                scores.setdefault(int(k), []).append(np.mean(top, axis=1))
+        for k, per_workload in scores.items():
+            mean = np.nanmean(per_workload, axis=0) if np.isfinite(per_workload).any() else None
+            if mean is None or not np.isfinite(mean).all():
+                continue
+            scale[k] = TRANSFER_SCALES[int(np.flatnonzero(mean >= mean.max() - 1e-12)[0])]
+        return scale, key
 
     def _count_kinds(self) -> None:
         """Samples and distinct workloads of each kind in the data the forest was just trained on."""
         x = self.x[: self.n_fit]
         self.kind_counts = np.bincount(kind_index(x), minlength=len(KIND_COLUMNS)).astype(np.float64)
-        kind_of = dict(zip(signatures(x), kind_index(x).tolist()))  # each training workload's kind
+        sig = signatures(x)
+        kind_of = dict(zip(sig, kind_index(x).tolist()))  # each training workload's kind
         self.fit_workloads = set(kind_of)
+        self.workload_samples = dict(Counter(sig))
         kinds = np.asarray(list(kind_of.values()), dtype=np.int64)
         self.kind_workloads = np.bincount(kinds, minlength=len(KIND_COLUMNS)).astype(np.float64)
 
@@ -542,18 +639,23 @@ class GBDTModel(CostModel):
         return alpha * rank01(raw) + (1.0 - alpha) * rank01(prior)
 
     def correction_weight(self, features: Any) -> np.ndarray:
-        """Per row, ``n / (n + prior_samples)`` for the ``n`` training samples of the row's kind; for a row
-        of a workload the forest was not trained on (a transfer), also ``m / (m + transfer_workloads)`` for
-        the ``m`` distinct training workloads of its kind: what a few workloads of a kind taught is a
-        correlated guess about another, which the prior should still outweigh."""
+        """Per row, ``n / (n + prior_samples)`` for the ``n`` training samples of the row's kind, times the
+        transfer discount ``t + (1 - t) * k / (k + own_samples)``: ``t = m / (m + transfer_workloads)`` for
+        the ``m`` distinct training workloads of its kind other than the row's own, ``k`` the training
+        samples of the row's own workload (0 for a workload the forest was not trained on: a transfer). What
+        a few workloads of a kind taught is a correlated guess about another, which the prior should still
+        outweigh until the workload's own measurements confirm it; a row whose kind has no other workload
+        (a cold search) is not discounted."""
         x = check_features(features)
         kinds = kind_index(x)
         n = self.kind_counts[kinds]
         w = n / (n + self.prior_samples)
         if self.transfer_workloads > 0 and len(x):
-            unseen = np.asarray([sig not in self.fit_workloads for sig in signatures(x)])
-            m = self.kind_workloads[kinds]
-            w = np.where(unseen, w * m / (m + self.transfer_workloads), w)
+            own = np.asarray([self.workload_samples.get(sig, 0) for sig in signatures(x)], dtype=np.float64)
+            others = self.kind_workloads[kinds] - (own > 0)
+            t = np.minimum(1.0, self.transfer_scale[kinds] * others / (others + self.transfer_workloads))
+            share = own / (own + self.own_samples) if self.own_samples > 0 else (own > 0).astype(np.float64)
+            w = np.where(others > 0, w * (t + (1.0 - t) * share), w)
         return w
 
     # --------------------------------------------------------------- save
@@ -576,6 +678,9 @@ class GBDTModel(CostModel):
             "prior_trust": self.prior_trust,
             "rank_params": self.rank_params,
             "transfer_workloads": self.transfer_workloads,
+            "own_samples": self.own_samples,
+            "transfer_folds": self.transfer_folds,
+            "transfer_scale": [float(v) for v in self.transfer_scale],
             "n_fit": self.n_fit,
             "kind_counts": [float(v) for v in self.kind_counts],
             "fits": self.fits,
@@ -615,6 +720,8 @@ class GBDTModel(CostModel):
             prior_trust=float(meta.get("prior_trust", 0.0)),
             rank_params=dict(meta.get("rank_params") or {}),
             transfer_workloads=float(meta.get("transfer_workloads", 0.0)),  # off in models saved before it
+            own_samples=float(meta.get("own_samples", 0.0)),  # likewise
+            transfer_folds=int(meta.get("transfer_folds", 0)),  # likewise
             **{k: meta["params"][k] for k in ("max_iter", "learning_rate", "max_leaf_nodes")},
         )
         names = list(meta.get("workloads", []))
@@ -629,6 +736,10 @@ class GBDTModel(CostModel):
         if model.forest is not None and model.n_fit:
             model._count_kinds()
         model.kind_counts = np.asarray(meta.get("kind_counts", [0.0] * len(KIND_COLUMNS)), dtype=np.float64)
+        scale = meta.get("transfer_scale", [1.0] * len(KIND_COLUMNS))
+        model.transfer_scale = np.asarray(scale, dtype=np.float64)
+        if model.forest is not None and model.n_fit:
+            model._validated_on = tuple(sorted(set(model.wl[: model.n_fit])))
         model.fits = int(meta.get("fits", 0))
         model.n_updates = int(meta.get("n_updates", 0))
         return model

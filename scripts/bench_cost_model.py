@@ -1427,6 +1427,7 @@ DEV_VARIANTS = (
     {"transfer_workloads": 128.0},  # stop 35: the prior measured per host, the corrections weighted less
     {"prior_samples": 128.0},
     {"target": "residual"},
+    {"transfer_folds": 0},  # stop 36: the transfer's weight not validated per kind (stop 35's default)
 )
 
 

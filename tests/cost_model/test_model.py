@@ -140,7 +140,8 @@ def test_residual_correction_is_weighted_by_same_kind_data():
     other[:, KIND_COLUMNS[2]] = 0.0
     other[:, KIND_COLUMNS[0]] = 1.0  # pointwise rows: no data of their kind, the prior alone
     np.testing.assert_array_equal(model.predict(other), -other[:, EST_INDEX].astype(np.float64))
-    assert model.correction_weight(x[:1])[0] == pytest.approx(120 / 136)
+    # 120 contraction samples; the row's workload has 60 of them and one other workload taught the rest
+    assert model.correction_weight(x[:1])[0] == pytest.approx(120 / 136 * (1 / 33 + 32 / 33 * 60 / 92))
     assert not np.array_equal(model.predict(x[:10]), -x[:10, EST_INDEX].astype(np.float64))
 
 
@@ -361,7 +362,9 @@ def test_prior_trust_is_learned_per_workload_from_its_measurements(tmp_path):
     log_lat = np.log2(np.where(np.isfinite(lat), lat, 1.0))
     x[:48, EST_INDEX] = log_lat[:48]  # workload 0: the prior is right
     x[48:, EST_INDEX] = -log_lat[48:]  # workload 1: the prior has the order backwards
-    model = GBDTModel(seed=0, prior_trust=4.0)
+    # own_samples=0: the correction of a workload with its own samples is not discounted for being learned
+    # next to another workload's (that discount has its own test below)
+    model = GBDTModel(seed=0, prior_trust=4.0, own_samples=0.0)
     train = np.r_[0:32, 48:80]
     model.update(x[train], lat[train], [wl[i] for i in train])
     right, wrong = (model.trust[signatures(x[i : i + 1])[0]] for i in (0, 48))
@@ -399,20 +402,52 @@ def test_transfer_to_an_unseen_workload_is_weighted_by_same_kind_workloads(tmp_p
     model.update(x[train], lat[train], list(np.asarray(wl)[train]))
     seen, unseen = x[:5], x[~train][:5]
     samples = 80 / (80 + model.prior_samples)  # two trained workloads of 40 samples, all contractions
-    np.testing.assert_allclose(model.correction_weight(seen), samples)
+    # a trained workload: one other workload taught the rest, its own 40 samples fade that discount
+    np.testing.assert_allclose(model.correction_weight(seen), samples * (1 / 33 + 32 / 33 * 40 / 72))
     np.testing.assert_allclose(model.correction_weight(unseen), samples * 2 / (2 + 32))
     off = GBDTModel(seed=0, transfer_workloads=0.0)
     off.update(x[train], lat[train], list(np.asarray(wl)[train]))
     np.testing.assert_allclose(off.correction_weight(unseen), samples)
-    # the trees are the same: only the weight of their correction on the unseen workload differs
-    np.testing.assert_allclose(model.predict(seen), off.predict(seen))
+    np.testing.assert_allclose(off.correction_weight(seen), samples)
+    no_fade = GBDTModel(seed=0, own_samples=0.0)  # before stop 36: full weight from the first own sample
+    no_fade.update(x[train], lat[train], list(np.asarray(wl)[train]))
+    np.testing.assert_allclose(no_fade.correction_weight(seen), samples)
+    np.testing.assert_allclose(no_fade.correction_weight(unseen), samples * 2 / (2 + 32))
+    # the trees are the same: only the weight of their correction differs
+    np.testing.assert_allclose(model.forest.predict(x), off.forest.predict(x))
     prior = -unseen[:, EST_INDEX].astype(np.float64)
     np.testing.assert_allclose(model.predict(unseen) - prior, (off.predict(unseen) - prior) * 2 / 34)
     again = load_model(model.save(tmp_path / "m.npz"))
     np.testing.assert_allclose(again.predict(unseen), model.predict(unseen))
     assert again.transfer_workloads == 32.0 and again.fit_workloads == model.fit_workloads
+    np.testing.assert_allclose(again.correction_weight(seen), model.correction_weight(seen))
     with pytest.raises(ValueError, match="transfer_workloads"):
         GBDTModel(transfer_workloads=-1.0)
+    with pytest.raises(ValueError, match="own_samples"):
+        GBDTModel(own_samples=-1.0)
+
+
+def test_transfer_discount_fades_with_the_workloads_own_samples():
+    x, lat, wl = synthetic(3, 40)
+    x = _with_workload_columns(x, wl, kind=2)
+    names = np.asarray(wl)
+    others = names != "w2"
+    new = np.flatnonzero(~others)
+    weights = []
+    for k in (0, 8, 24, 40):  # the new workload's own samples in the training data
+        rows = np.flatnonzero(others)
+        rows = np.concatenate([rows, new[:k]])
+        model = GBDTModel(seed=0)
+        model.update(x[rows], lat[rows], list(names[rows]))
+        n = len(rows) / (len(rows) + 32)
+        t = 2 / (2 + 32)  # the two other contractions
+        expected = n * (t + (1 - t) * k / (k + 32))
+        weights.append(model.correction_weight(x[new[:1]])[0])
+        assert weights[-1] == pytest.approx(expected)
+    assert weights == sorted(weights) and weights[0] < 0.1 and weights[-1] > 0.4
+    cold = GBDTModel(seed=0)  # a cold search: its own workload only, nothing to discount
+    cold.update(x[new[:24]], lat[new[:24]], list(names[new[:24]]))
+    assert cold.correction_weight(x[new[:1]])[0] == pytest.approx(24 / (24 + 32))
 
 
 def test_tree_sizes_default_by_target():
@@ -434,3 +469,57 @@ def test_a_cold_model_fits_its_first_rounds_in_line():
     assert model.fits == 1 and model.n_fit == 8
     model.update(x[8:72], lat[8:72], wl[8:72], fit=False)
     assert model.fits == 1  # 72 samples: no longer small, the search refits in the background
+
+
+def _two_kinds(per_kind: int = 12, per: int = 40, seed: int = 0):
+    """Pointwise workloads that all share one lesson the prior misses, and reduction workloads whose prior
+    misses only a little of a column of their own (nothing to transfer)."""
+    from cost_model.gbdt import KIND_COLUMNS, WORKLOAD_COLUMNS
+
+    rng = np.random.default_rng(seed)
+    a, b = (FEATURE_NAMES.index(n) for n in ("tot_log_bytes", "wm_vec_eff"))
+    own = [i for i, n in enumerate(FEATURE_NAMES) if not n.startswith("wl_") and i not in (a, b, EST_INDEX)]
+    xs, lats, wls = [], [], []
+    for kind in (0, 1):
+        for w in range(per_kind):
+            x = rng.normal(size=(per, N_FEATURES)).astype(np.float32)
+            x[:, WORKLOAD_COLUMNS] = rng.normal(size=len(WORKLOAD_COLUMNS))
+            x[:, KIND_COLUMNS] = 0.0
+            x[:, KIND_COLUMNS[kind]] = 1.0
+            # kind 1: a little of a column of its own per workload, which no other workload can teach
+            truth = x[:, b] + (2.0 * x[:, a] if kind == 0 else 0.3 * x[:, own[w]])
+            x[:, EST_INDEX] = -x[:, b]  # the prior knows b only
+            lats.append(np.exp(-truth))
+            xs.append(x)
+            wls += [f"k{kind}w{w}"] * per
+    return np.concatenate(xs), np.concatenate(lats), wls
+
+
+def test_transfer_scale_is_learned_per_kind_by_validation_on_the_training_workloads(tmp_path):
+    from cost_model.gbdt import KIND_COLUMNS, MIN_VALIDATED, WORKLOAD_COLUMNS
+
+    x, lat, wl = _two_kinds()
+    model = GBDTModel(seed=0)
+    model.update(x, lat, wl)
+    # the shared lesson is worth more than the default transfer weight; the workloads' own ones nothing
+    assert model.transfer_scale[0] > 1.0 and model.transfer_scale[1] == 0.0
+    assert list(model.transfer_scale[2:]) == [1.0] * (len(KIND_COLUMNS) - 2)  # no data: not validated
+    unseen_reduction = x[np.asarray(wl) == "k1w0"][:5].copy()
+    unseen_reduction[:, WORKLOAD_COLUMNS[~np.isin(WORKLOAD_COLUMNS, KIND_COLUMNS)]] = 9.0  # a new workload
+    np.testing.assert_array_equal(model.correction_weight(unseen_reduction), 0.0)  # the prior alone
+    # validated again only when the training workloads change, not at every refit
+    validated = model._validated_on
+    model.update(x[:8], lat[:8], wl[:8])
+    assert model.fits == 2 and model._validated_on is validated
+    again = load_model(model.save(tmp_path / "m.npz"))
+    np.testing.assert_array_equal(again.transfer_scale, model.transfer_scale)
+    np.testing.assert_allclose(again.predict(unseen_reduction), model.predict(unseen_reduction))
+    off = GBDTModel(seed=0, transfer_folds=0)
+    off.update(x, lat, wl)
+    assert list(off.transfer_scale) == [1.0] * len(KIND_COLUMNS)
+    few = GBDTModel(seed=0)  # fewer than MIN_VALIDATED workloads of each kind: not validated
+    rows = np.isin(wl, [f"k{k}w{w}" for k in (0, 1) for w in range(MIN_VALIDATED - 1)])
+    few.update(x[rows], lat[rows], list(np.asarray(wl)[rows]))
+    assert list(few.transfer_scale) == [1.0] * len(KIND_COLUMNS)
+    with pytest.raises(ValueError, match="transfer_folds"):
+        GBDTModel(transfer_folds=1)
