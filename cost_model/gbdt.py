@@ -577,6 +577,7 @@ class GBDTModel(CostModel):
             of_kind = np.flatnonzero(name_kind == k)
             if len(of_kind) >= MIN_VALIDATED:
                 fold[rng.permutation(of_kind)] = np.arange(len(of_kind)) % self.transfer_folds
+        sign = -1.0 if self.target == "residual" else 1.0  # residual: the trees predict slowness
         scores: dict[int, list[np.ndarray]] = {}
         for f in range(self.transfer_folds):
             tested = names[fold == f]
@@ -597,7 +598,6 @@ class GBDTModel(CostModel):
                     continue
                 x = self.x[r]
                 prior = -self.prior_scale * x[:, EST_INDEX].astype(np.float64)
-                sign = -1.0 if self.target == "residual" else 1.0  # residual: predicted slowness
                 learned = sign * weight[k] * self._learned(forest, x)
                 top = [[top_k_score(prior + s * learned, lat, j) for j in (1, 5)] for s in TRANSFER_SCALES]
                 scores.setdefault(int(k), []).append(np.mean(top, axis=1))
@@ -626,9 +626,8 @@ class GBDTModel(CostModel):
         if self.forest is None:
             return prior
         if self.target == "rank":  # the trees reorder the prior, trusted as same-kind data accumulates
-            xt = centered(x, np.zeros(len(x))) if self.center else x  # the rows are one workload's pool
             trust = np.asarray([self.trust.get(k, 1.0) for k in signatures(x)]) if self.trust else 1.0
-            learned = self.forest.predict(xt)
+            learned = self._learned(self.forest, x)  # the rows are one workload's pool
             return self.prior_scale * trust * prior + self.correction_weight(x) * learned
         if self.target == "residual":  # the correction is trusted as same-kind data accumulates
             return prior - self.correction_weight(x) * self.forest.predict(x)
