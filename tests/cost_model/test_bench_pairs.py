@@ -166,3 +166,38 @@ def test_a_run_knows_only_the_features_it_computed_itself(bench):
     assert second.peek(key) == (False, None)
     # ... and featurizing it there lowers nothing again
     assert (second.for_task(task, config) == vec).all() and shared.misses == 1 and shared.hits == 1
+
+
+def _row(name, gbdt1, gbdt5, prior1, prior5, best=100.0, twins_out=True):
+    return {
+        "workload": name,
+        "weight": 1,
+        "best": best,
+        "twins_out": twins_out,
+        "gbdt_top1": gbdt1,
+        "gbdt_top5": gbdt5,
+        "analytic_top1": prior1,
+        "analytic_top5": prior5,
+    }
+
+
+def test_pooled_held_out_judges_the_mean_difference_by_its_interval(bench, capsys):
+    """All held-out sets pooled: GBDT is better only when the paired bootstrap interval of the mean
+    top-5 difference lies above 0; one workload's win among ties is not enough; twins-kept rows are not
+    pooled."""
+    better = {
+        "A": [_row(f"a{i}", 0.99, 0.99, 0.90, 0.95) for i in range(6)],
+        "B": [_row(f"b{i}", 0.98, 1.00, 0.97, 0.96, best=10.0 * (i + 1)) for i in range(5)]
+        + [_row("kept", 0.1, 0.1, 1.0, 1.0, twins_out=False)],
+    }
+    bench.print_pooled_heldout(better, resamples=200)
+    out = capsys.readouterr().out
+    assert "| A | 6 | 0.990 | 0.900 | 0.990 | 0.950 |" in out
+    assert "Pooled over the 11 held-out workloads" in out
+    assert "| top-5, mean | 0.995 | 0.955 | +0.040 (+0.040 to +0.040) | 11 | 0 |" in out
+    assert "all held-out sets pooled" in out and "**met**" in out
+    ties = [_row(f"t{i}", 0.95, 0.98, 0.95, 0.98) for i in range(9)]
+    one_win = {"A": [_row("w", 1.0, 1.0, 0.9, 0.9), *ties]}
+    bench.print_pooled_heldout(one_win, resamples=200)
+    out = capsys.readouterr().out
+    assert "| 1 | 0 |" in out and "**not met**" in out
