@@ -2319,7 +2319,7 @@ it was measured and before any model of features v5 was scored (stop 28), and wa
 29 its scores under features v6 (synth:rms_wide: the GBDT's top-1 0.732 against the prior's 0.907) are what
 led to pricing streaming stores in the analytic estimate (v7), so it is no longer untouched either; the
 third and fourth sets are scored by `heldout --heldout HELDOUT3` / `HELDOUT4`
-(benchmarks/cost_model_heldout3.md, benchmarks/cost_model_heldout4.md), and all four sets, 33 workloads, are
+(benchmarks/cost_model_heldout3.md, benchmarks/cost_model_heldout4.md), and all four sets are
 pooled below with intervals (section "Every held-out set, pooled"); every held-out set stays out of
 every training set. Twins
 are workloads of one *family*: the same kind and the same non-arithmetic ops at other shapes (softmax /
