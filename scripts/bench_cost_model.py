@@ -1398,7 +1398,8 @@ def print_heldout(specs: str, rows: list[dict], missing: list[str]) -> None:
         f"- held-out top-5 >= 0.92 and better than the analytic prior alone (twins excluded): "
         f"{'**met**' if ok else '**not met**'} (GBDT {g['gbdt']:.3f}, analytic {g['analytic']:.3f}; "
         f"top-1: GBDT {g1['gbdt']:.3f}, analytic {g1['analytic']:.3f}; {len(sel)} workloads, "
-        "one pool each, so no interval; all four sets pooled, with intervals: the pooled section)"
+        "one pool each, so no interval; all four sets pooled, with intervals: benchmarks/cost_model.md, "
+        '"Every held-out set, pooled")'
     )
 
 
