@@ -1341,8 +1341,7 @@ def heldout_rows(args: argparse.Namespace) -> tuple[str, list[dict], list[str]]:
                 "twins_out": twins_out,
                 "best": float(np.nanmin(lat)),
             }
-            for name in HELD_MODELS:
-                kind, opts = HELD_MODELS[name]
+            for name, (kind, opts) in HELD_MODELS.items():
                 model = create_model(kind, seed=0, **opts)
                 model.update(data.x[train], data.latencies[train], list(wl[train]))
                 scores = np.asarray(model.predict(data.x[rows_w]), dtype=np.float64)
@@ -1353,9 +1352,17 @@ def heldout_rows(args: argparse.Namespace) -> tuple[str, list[dict], list[str]]:
     return specs, rows, missing
 
 
+def tenset_score(best, top, axis=-1):
+    """TenSet's aggregate of top-k scores ``top`` with weights ``best`` (weight x best latency): sum of weight
+    x best / sum of weight x best among the top-k. Arrays, reduced along ``axis`` (bootstrap resamples)."""
+    import numpy as np
+
+    return np.sum(best, axis) / np.sum(np.divide(best, top), axis)
+
+
 def tenset(rows: list[dict], column: str) -> float:
-    """TenSet's aggregate: sum of weight x best / sum of weight x best among the top-k (``column``)."""
-    return sum(r["weight"] * r["best"] for r in rows) / sum(r["weight"] * r["best"] / r[column] for r in rows)
+    """:func:`tenset_score` of the rows' ``column`` (a model's top-k)."""
+    return float(tenset_score([r["weight"] * r["best"] for r in rows], [r[column] for r in rows]))
 
 
 def print_heldout(specs: str, rows: list[dict], missing: list[str]) -> None:
@@ -1428,22 +1435,17 @@ def print_pooled_heldout(sets: dict[str, list[dict]], resamples: int = 2000) -> 
             f"{tenset(sel, 'gbdt_top5'):.3f} | {tenset(sel, 'analytic_top5'):.3f} |"
         )
     best = np.asarray([r["weight"] * r["best"] for r in pooled])
-    found: dict[str, tuple[float, float, float]] = {}
     lines = []
     for k in (1, 5):
         g = np.asarray([r[f"gbdt_top{k}"] for r in pooled])
         a = np.asarray([r[f"analytic_top{k}"] for r in pooled])
-
-        def weighted(b, x, y, axis=-1):
-            return np.sum(b, axis) / np.sum(b / x, axis) - np.sum(b, axis) / np.sum(b / y, axis)
-
         for label, data, stat, point in (
             ("mean", (g, a), lambda x, y, axis=-1: np.mean(x - y, axis), (g.mean(), a.mean())),
             (
                 "TenSet-weighted",
                 (best, g, a),
-                weighted,
-                (best.sum() / (best / g).sum(), best.sum() / (best / a).sum()),
+                lambda b, x, y, axis=-1: tenset_score(b, x, axis) - tenset_score(b, y, axis),
+                (tenset_score(best, g), tenset_score(best, a)),
             ),
         ):
             ci = bootstrap(
@@ -1456,7 +1458,8 @@ def print_pooled_heldout(sets: dict[str, list[dict]], resamples: int = 2000) -> 
                 method="percentile",
                 random_state=0,
             ).confidence_interval
-            found[f"{label} top-{k}"] = (point[0], point[1], float(ci.low))
+            if (label, k) == ("mean", 5):  # the target's verdict
+                verdict = (point[0], point[1], float(ci.low))
             lines.append(
                 f"| top-{k}, {label} | {point[0]:.3f} | {point[1]:.3f} | {point[0] - point[1]:+.3f} "
                 f"({ci.low:+.3f} to {ci.high:+.3f}) | {int(np.sum(g > a + 1e-9))} | "
@@ -1466,7 +1469,7 @@ def print_pooled_heldout(sets: dict[str, list[dict]], resamples: int = 2000) -> 
     print("| score | GBDT | analytic | GBDT - analytic (90% interval) | GBDT better | GBDT worse |")
     print("|---|---:|---:|---:|---:|---:|")
     print("\n".join(lines))
-    gbdt, prior, low = found["mean top-5"]
+    gbdt, prior, low = verdict
     ok = gbdt >= 0.92 and low > 0
     print(
         f"\n- held-out top-5 >= 0.92 and better than the analytic prior alone, all held-out sets pooled "
