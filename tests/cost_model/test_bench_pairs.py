@@ -203,3 +203,30 @@ def test_pooled_held_out_judges_the_mean_difference_by_its_interval(bench, capsy
     # a positive mean (+0.010) whose interval reaches 0 (resamples without the one win) is not "better"
     assert "| top-5, mean | 0.982 | 0.972 | +0.010 (+0.000 to " in out and "| 1 | 0 |" in out
     assert "**not met**" in out and "**met**" not in out
+
+
+def test_headroom_is_what_the_prior_leaves_and_the_gbdt_share_of_it(bench):
+    # (kind, prior top-1, prior top-5, GBDT top-1, GBDT top-5)
+    rows = [
+        ("reduction", 0.80, 0.90, 0.90, 1.00),  # room 0.10 at top-5, all of it taken
+        ("reduction", 1.00, 1.00, 0.95, 0.98),  # no room, and the GBDT loses 0.02
+        ("pointwise", 0.99, 0.995, 0.99, 0.995),  # room 0.005: below the 0.01 that counts a workload
+    ]
+    table = bench.headroom_table({"dev": rows}).splitlines()
+    cells = {}
+    for line in table[2:]:
+        _, kind, n, k, prior, room, with_room, gain, share, better, worse = line.strip("| ").split(" | ")
+        cells[kind, k] = (n, prior, room, with_room, gain, share, better, worse)
+    assert cells["**all**", "5"] == (
+        "3",
+        f"{(0.90 + 1 + 0.995) / 3:.3f}",
+        f"{(0.10 + 0 + 0.005) / 3:.3f}",
+        "1",  # one workload with room above 0.01
+        f"{(0.10 - 0.02) / 3:+.3f}",
+        f"{(0.10 - 0.02) / 0.105:+.0%}",
+        "1",
+        "1",
+    )
+    assert cells["reduction", "1"][4] == f"{(0.10 - 0.05) / 2:+.3f}"
+    assert cells["pointwise", "5"][2:6] == ("0.005", "0", "+0.000", "+0%")
+    assert ("contraction", "5") not in cells  # a kind without rows gets no line
