@@ -230,3 +230,21 @@ def test_headroom_is_what_the_prior_leaves_and_the_gbdt_share_of_it(bench):
     assert cells["reduction", "1"][4] == f"{(0.10 - 0.05) / 2:+.3f}"
     assert cells["pointwise", "5"][2:6] == ("0.005", "0", "+0.000", "+0%")
     assert ("contraction", "5") not in cells  # a kind without rows gets no line
+
+
+def test_first_batch_line_names_the_workloads_that_decide_the_cold_ratio(bench):
+    by_seed = {
+        ("a", "tpe+analytic"): {0: 1, 1: 3},
+        ("a", "tpe+gbdt"): {0: 1, 1: 3},  # the same trials, all within the first batch: a tie by construction
+        ("b", "tpe+analytic"): {0: 2, 1: 12},
+        ("b", "tpe+gbdt"): {0: 2, 1: 65},  # past the first batch: decides
+        ("c", "tpe+analytic"): {0: 4, 1: 4},
+        ("c", "tpe+gbdt"): {0: 4, 1: 5},  # within the batch but not the same trials: decides
+    }
+    line = bench.first_batch_line(by_seed, ["a", "b", "c"], "tpe+gbdt", batch=8, budget=64)
+    assert "on 1 of 3 workloads" in line
+    assert "b: TPE + analytic 2, 12, cold GBDT 2, >64" in line
+    assert "c: TPE + analytic 4, 4, cold GBDT 4, 5" in line
+    assert "a:" not in line
+    tied = bench.first_batch_line({k: v for k, v in by_seed.items() if k[0] == "a"}, ["a"], "tpe+gbdt", 8, 64)
+    assert "on 1 of 1 workloads" in tied and tied.endswith("nothing else decides the direct ratio")
