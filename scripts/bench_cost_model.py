@@ -1013,12 +1013,16 @@ def report(args: argparse.Namespace) -> None:
         tt.setdefault((r["workload"], r["method"]), []).append(v if v is not None else budget + 1)
         by_seed.setdefault((r["workload"], r["method"]), {})[r["seed"]] = v if v is not None else budget + 1
     seeds = sorted({r["seed"] for r in runs})
+    # the commits the runs were made at (protocol.json names the last `run` call, which may have run nothing)
+    made_at = sorted(
+        {r["meta"]["git"][:12] + ("+dirty" if r["meta"]["git"].endswith("+dirty") else "") for r in runs}
+    )
     print(
         f"Protocol: {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}), {budget} measured trials per run, "
         f"batches of "
         f"{proto['batch']}, pool of {proto['oversample']} candidates per measured one, epsilon "
         f"{proto['epsilon']}, {'no default first' if proto['no_default'] else 'default measured first'}; "
-        f"git {meta['git'][:12]}, measurement code {proto['measure_code']}, "
+        f"runs made at git {', '.join(made_at)}, measurement code {proto['measure_code']}, "
         f"search code {proto['search_code']}.\n"
     )
     whole = all(s.endswith("@full") for s in specs)
