@@ -44,6 +44,11 @@ def git_commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def short_commit(commit: str) -> str:
+    """A :func:`git_commit` string as reports print it: 12 hex digits, ``+dirty`` kept."""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 def machine_line() -> str:
     return f"{cpu_name()}, {THREADS} threads, {datetime.date.today().isoformat()}"
 

@@ -68,7 +68,7 @@ from compiler.frontend import load_model  # noqa: E402
 from compiler.target import Target  # noqa: E402
 from db.database import RecordIn, TuningDatabase  # noqa: E402
 from db.status import Status  # noqa: E402
-from scripts.bench_common import cpu_name, git_commit  # noqa: E402
+from scripts.bench_common import cpu_name, git_commit, short_commit  # noqa: E402
 from tuner.measure import MeasureInput, Measurer, MeasureResult  # noqa: E402
 from tuner.space import config_json  # noqa: E402
 from tuner.task import Task, extract_tasks  # noqa: E402
@@ -1006,17 +1006,14 @@ def report(args: argparse.Namespace) -> None:
         d = table.get(config_json(task.default()))
         default_us[spec] = d.median_us if d is not None and d.median_us else math.nan
     # trials to 5%: a run that never gets there counts as budget + 1 (censored; the medians show it)
-    tt: dict[tuple[str, str], list[int]] = {}
     by_seed: dict[tuple[str, str], dict[int, int]] = {}
     for r in runs:
         v = trials_to(r["latencies"], 1.05 * best[r["workload"]])
-        tt.setdefault((r["workload"], r["method"]), []).append(v if v is not None else budget + 1)
         by_seed.setdefault((r["workload"], r["method"]), {})[r["seed"]] = v if v is not None else budget + 1
+    tt = {key: list(per_seed.values()) for key, per_seed in by_seed.items()}  # in the runs' order
     seeds = sorted({r["seed"] for r in runs})
     # the commits the runs were made at (protocol.json names the last `run` call, which may have run nothing)
-    made_at = sorted(
-        {r["meta"]["git"][:12] + ("+dirty" if r["meta"]["git"].endswith("+dirty") else "") for r in runs}
-    )
+    made_at = sorted({short_commit(r["meta"]["git"]) for r in runs})
     print(
         f"Protocol: {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}), {budget} measured trials per run, "
         f"batches of "
@@ -1356,9 +1353,12 @@ def _heldout(args: argparse.Namespace) -> None:
     print_heldout(*heldout_rows(args))
 
 
-def heldout_rows(args: argparse.Namespace) -> tuple[str, list[dict], list[str]]:
+def heldout_rows(
+    args: argparse.Namespace, models: dict | None = None, twins: tuple[bool, ...] = (True, False)
+) -> tuple[str, list[dict], list[str]]:
     """Score the held-out set ``args.heldout`` (a list or a NAMED_SETS name): per workload and per model of
-    HELD_MODELS, top-1 and top-5 on its pool, trained with its twins excluded and kept. Returns the set's
+    ``models`` (name -> (kind, options); default HELD_MODELS), top-1 and top-5 on its pool, trained with
+    its twins excluded (``twins_out`` True) and kept (False), as ``twins`` asks. Returns the set's
     workload list, the rows and the workloads the cache has no pool of."""
     import numpy as np
 
@@ -1377,7 +1377,7 @@ def heldout_rows(args: argparse.Namespace) -> tuple[str, list[dict], list[str]]:
     held = [(s, t) for s, t in held if t.workload_key in set(data.workloads)]
     held_keys = {t.workload_key for _, t in held} | heldout_keys(target)  # every held-out set out of training
     rows = []
-    for twins_out in (True, False):
+    for twins_out in twins:
         for spec, task in held:
             rows_w = np.flatnonzero(wl == task.workload_key)
             lat = data.latencies[rows_w]
@@ -1393,7 +1393,7 @@ def heldout_rows(args: argparse.Namespace) -> tuple[str, list[dict], list[str]]:
                 "twins_out": twins_out,
                 "best": float(np.nanmin(lat)),
             }
-            for name, (kind, opts) in HELD_MODELS.items():
+            for name, (kind, opts) in (models or HELD_MODELS).items():
                 model = create_model(kind, seed=0, **opts)
                 model.update(data.x[train], data.latencies[train], list(wl[train]))
                 scores = np.asarray(model.predict(data.x[rows_w]), dtype=np.float64)
@@ -1639,7 +1639,7 @@ def devcv(args: argparse.Namespace) -> None:
         + ". Each is ranked by a model trained on the other development workloads minus its twins; "
         "top-k = best latency / best latency among the k highest scores. weighted: TenSet's (by best "
         "latency); mean: every workload counts once. "
-        f"git {commit[:12]}{'+dirty' if commit.endswith('+dirty') else ''}, "
+        f"git {short_commit(commit)}, "
         f"cost model code {code_hash(('cost_model',))}, cache {args.cache}.\n"
     )
     print(
@@ -1704,21 +1704,19 @@ def _headroom(args: argparse.Namespace) -> None:
     prior, gbdt = dev_rows(d, "analytic", {}), dev_rows(d, "gbdt", {})
     groups = {"development": [(p[0], p[2], p[3], g[2], g[3]) for p, g in zip(prior, gbdt)]}
     held = []
+    models = {m: HELD_MODELS[m] for m in ("analytic", "gbdt")}
     for specs in (HELDOUT_EVAL, *HELDOUT_SETS.values()):
-        _, rows, _ = heldout_rows(argparse.Namespace(**{**vars(args), "heldout": specs}))
+        ns = argparse.Namespace(**{**vars(args), "heldout": specs})
+        _, rows, _ = heldout_rows(ns, models, twins=(True,))
         held += [
-            (r["kind"], r["analytic_top1"], r["analytic_top5"], r["gbdt_top1"], r["gbdt_top5"])
-            for r in rows
-            if r["twins_out"]
+            (r["kind"], r["analytic_top1"], r["analytic_top5"], r["gbdt_top1"], r["gbdt_top5"]) for r in rows
         ]
     groups["held out, every set"] = held
-    commit = git_commit()
     print(
-        f"Room the analytic prior leaves on the uniform pools (git {commit[:12]}"
-        f"{'+dirty' if commit.endswith('+dirty') else ''}, cost model code {code_hash(('cost_model',))}, "
-        f"cache {args.cache}). Development: the {len(d.dev)} workloads of `devcv`, each ranked by a GBDT "
-        "trained on "
-        "the others minus its twins; held out: every held-out set's pools, twins excluded from training. "
+        f"Room the analytic prior leaves on the uniform pools (git {short_commit(git_commit())}, cost model "
+        f"code {code_hash(('cost_model',))}, cache {args.cache}). Development: the {len(d.dev)} workloads of "
+        "`devcv`, each ranked by a GBDT trained on the others minus its twins; held out: every held-out "
+        "set's pools, twins excluded from training. "
         "room = 1 - the prior's top-k, per workload; its mean is the largest mean gain over the prior that "
         "any model can show on these pools.\n"
     )
